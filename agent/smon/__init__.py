@@ -1,0 +1,1 @@
+"""SMon agent: `smon.attach(...)` inside every training rank (placeholder until the agent lands)."""

@@ -1,0 +1,82 @@
+"""The operation table: the one input of the what-if engine, whatever the data came from.
+
+Agent step records (live jobs) and per-op trace files (offline `smon analyze`) are both turned
+into this columnar table; the simulator, attribution and diagnosis only ever read it. Columns are
+numpy arrays of equal length, one row per operation (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Op type names (DESIGN §5). Compute op types idealise to their mean duration, communication op
+# types to the median of their transfer time. Any other name (custom phases, h2d, checkpoint)
+# is treated as compute on the worker's own stream.
+FORWARD_COMPUTE = "forward-compute"
+BACKWARD_COMPUTE = "backward-compute"
+FORWARD_SEND = "forward-send"
+FORWARD_RECV = "forward-recv"
+BACKWARD_SEND = "backward-send"
+BACKWARD_RECV = "backward-recv"
+PARAMS_ALL_GATHER = "params-all-gather"
+GRADS_REDUCE_SCATTER = "grads-reduce-scatter"
+GRADS_ALL_REDUCE = "grads-all-reduce"
+SEPARATE_GRADS_ALL_REDUCE = "separate-grads-all-reduce"
+LAYERNORM_GRADS_ALL_REDUCE = "layernorm-grads-all-reduce"
+EMBEDDING_GRADS_ALL_REDUCE = "embedding-grads-all-reduce"
+OPTIMIZER_CLIP_MAIN_GRAD = "optimizer-clip-main-grad"
+OPTIMIZER = "optimizer"
+GC = "gc"
+DATA_WAIT = "data_wait"
+CHECKPOINT = "checkpoint"
+
+P2P_OP_TYPES = frozenset({FORWARD_SEND, FORWARD_RECV, BACKWARD_SEND, BACKWARD_RECV})
+COLLECTIVE_OP_TYPES = frozenset(
+    {
+        PARAMS_ALL_GATHER,
+        GRADS_REDUCE_SCATTER,
+        GRADS_ALL_REDUCE,
+        SEPARATE_GRADS_ALL_REDUCE,
+        LAYERNORM_GRADS_ALL_REDUCE,
+        EMBEDDING_GRADS_ALL_REDUCE,
+        OPTIMIZER_CLIP_MAIN_GRAD,
+    }
+)
+COMMUNICATION_OP_TYPES = P2P_OP_TYPES | COLLECTIVE_OP_TYPES
+
+
+@dataclass(frozen=True)
+class OpTable:
+    """One row per operation. A worker is one (dp_rank, stage) pair.
+
+    `op_type` holds indices into `op_types`, so custom phase names cost nothing per row.
+    `start` is on one clock for all workers (seconds; any origin); `duration` in seconds.
+    `microbatch` is -1 where an op is not per micro-batch; `seq_sq` is Σ len² of the op's
+    micro-batch (or step) where the agent recorded sequence lengths, NaN elsewhere.
+    `rank` is the global rank the row came from (for per-rank views), -1 when unknown.
+    """
+
+    op_types: tuple[str, ...]
+    dp_rank: np.ndarray  # int32
+    stage: np.ndarray  # int32
+    step: np.ndarray  # int64
+    op_type: np.ndarray  # int16, index into op_types
+    seq_id: np.ndarray  # int32, order of this op type within the step on this worker
+    chunk: np.ndarray  # int16, model chunk within the stage
+    microbatch: np.ndarray  # int16
+    start: np.ndarray  # float64
+    duration: np.ndarray  # float64
+    rank: np.ndarray  # int32
+    seq_sq: np.ndarray = field(default_factory=lambda: np.empty(0))  # float64, or empty
+
+    def __len__(self) -> int:
+        return int(self.duration.shape[0])
+
+    def code(self, name: str) -> int:
+        """Index of an op type name, -1 when the table has no such op type."""
+        try:
+            return self.op_types.index(name)
+        except ValueError:
+            return -1
