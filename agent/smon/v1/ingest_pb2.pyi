@@ -172,7 +172,7 @@ class AgentCounters(_message.Message):
     def __init__(self, dropped_records: _Optional[int] = ..., errors: _Optional[int] = ..., queued: _Optional[int] = ..., resent_batches: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("agent_id", "seq", "coords", "steps", "gpu_samples", "heartbeat", "counters", "clock_offset", "sent_time")
+    __slots__ = ("agent_id", "seq", "coords", "steps", "gpu_samples", "heartbeat", "counters", "clock_offset", "sent_time", "final")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     COORDS_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +182,7 @@ class Batch(_message.Message):
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     CLOCK_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     seq: int
     coords: Coordinates
@@ -191,7 +192,8 @@ class Batch(_message.Message):
     counters: AgentCounters
     clock_offset: float
     sent_time: float
-    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., coords: _Optional[_Union[Coordinates, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., gpu_samples: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ..., clock_offset: _Optional[float] = ..., sent_time: _Optional[float] = ...) -> None: ...
+    final: bool
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., coords: _Optional[_Union[Coordinates, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., gpu_samples: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ..., clock_offset: _Optional[float] = ..., sent_time: _Optional[float] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ("kind", "index", "reason", "detail")

@@ -1,0 +1,58 @@
+"""Request dependencies as Annotated aliases, so route signatures read as plain English."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from smon_server.context import ServerContext
+from smon_server.settings import Settings
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def get_context(request: Request) -> ServerContext:
+    context: ServerContext = request.app.state.context
+    return context
+
+
+ContextDep = Annotated[ServerContext, Depends(get_context)]
+
+
+def get_settings(context: ContextDep) -> Settings:
+    return context.settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_db(context: ContextDep) -> Iterator[Session]:
+    with context.db.session() as session:
+        yield session
+
+
+DbDep = Annotated[Session, Depends(get_db)]
+
+
+def require_api_token(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """With SMON_API_TOKEN set, every API call needs `Authorization: Bearer <token>`."""
+    if not settings.api_token:
+        return
+    presented = credentials.credentials if credentials else ""
+    if not hmac.compare_digest(presented.encode(), settings.api_token.encode()):
+        raise HTTPException(
+            status_code=status.HTTP_401_UNAUTHORIZED,
+            detail="missing or wrong API token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+ApiTokenDep = Annotated[None, Depends(require_api_token)]

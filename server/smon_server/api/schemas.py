@@ -1,0 +1,131 @@
+"""Response bodies of the REST API (DESIGN §6): these field names are a public contract."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class JobOut(BaseModel):
+    job_id: str
+    state: str = Field(description="running, stalled (alive, no step ends) or finished")
+    world_size: int
+    last_step: int | None
+    slowdown: float | None = Field(description="S: simulated step time over the ideal one")
+    waste_fraction: float | None = Field(description="1 - 1/S")
+    gpu_hours_wasted: float
+    first_seen: datetime
+    last_seen: datetime
+
+
+class JobsOut(BaseModel):
+    jobs: list[JobOut]
+
+
+class Straggler(BaseModel):
+    rank: int
+    host: str
+    dp_rank: int
+    stage: int
+    slowdown: float
+    cause: str | None
+
+
+class Diagnosis(BaseModel):
+    cause: str
+    share: float = Field(description="fraction of the slowdown this cause explains")
+    confidence: float
+    evidence: Any
+    recommendation: str
+
+
+class Attribution(BaseModel):
+    by_op_type: dict[str, float] = {}
+    by_dp_rank: dict[str, float] = {}
+    by_stage: dict[str, float] = {}
+
+
+class SummaryOut(BaseModel):
+    job_id: str
+    state: str
+    world_size: int
+    steps_seen: int
+    from_step: int | None
+    to_step: int | None
+    slowdown: float | None
+    waste_fraction: float | None
+    gpu_hours_wasted: float
+    simulation_discrepancy: float | None
+    m_w: float | None
+    m_s: float | None
+    attribution: Attribution
+    stragglers: list[Straggler]
+    diagnoses: list[Diagnosis]
+    computed_at: datetime | None
+
+
+class StepOut(BaseModel):
+    step: int
+    step_time: float = Field(description="replayed step time with measured durations, seconds")
+    ideal_time: float = Field(description="replayed step time with idealized durations, seconds")
+    slowdown: float
+
+
+class StepsOut(BaseModel):
+    job_id: str
+    steps: list[StepOut]
+
+
+class HeatmapOut(BaseModel):
+    job_id: str
+    metric: str
+    ranks: list[int]
+    steps: list[int]
+    values: list[list[float | None]] = Field(description="values[i][j] for ranks[i], steps[j]")
+
+
+class WorkersOut(BaseModel):
+    job_id: str
+    dp_ranks: list[int]
+    stages: list[int]
+    values: list[list[float | None]] = Field(description="S_w: values[i][j] for dp_ranks[i], stages[j]")
+
+
+class GpuSampleOut(BaseModel):
+    time: float
+    gpu_index: int
+    gpu_uuid: str
+    sm_clock_mhz: float | None
+    sm_clock_max_mhz: float | None
+    gpu_util: float | None
+    mem_used_bytes: float | None
+    temperature_c: float | None
+    power_w: float | None
+    power_limit_w: float | None
+    throttle_reasons: int | None
+    ecc_corrected: int | None
+    ecc_uncorrected: int | None
+    xid_events: list[int]
+
+
+class WorkerStepOut(BaseModel):
+    step: int
+    duration: float
+    phases: dict[str, float]
+    slowdown: float | None
+
+
+class WorkerOut(BaseModel):
+    job_id: str
+    rank: int
+    host: str
+    dp_rank: int
+    stage: int
+    tp_rank: int
+    gpu_uuid: str
+    slowdown: float | None
+    last_heartbeat: dict[str, Any] | None
+    steps: list[WorkerStepOut]
+    gpu: list[GpuSampleOut]

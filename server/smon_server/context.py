@@ -1,0 +1,27 @@
+"""What one server process shares between its gRPC ingest, HTTP API and analysis loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from smon_server.metrics.ingest_stats import IngestStats
+from smon_server.settings import Settings
+from smon_server.store.db import Database
+
+
+@dataclass
+class ServerContext:
+    settings: Settings
+    db: Database
+    # A registry per server (not prometheus_client's global one): tests run several servers.
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    ingest_stats: IngestStats = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ingest_stats = IngestStats(self.registry)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ServerContext:
+        return cls(settings=settings, db=Database(settings.database_url))

@@ -1,0 +1,151 @@
+"""The gRPC ingest service (grpc.aio): agents stream batches, each is acked once committed.
+
+Requests arrive as raw bytes and are parsed here, so a malformed message gets a clear
+INVALID_ARGUMENT instead of grpc's generic deserialisation failure. A database failure is answered
+with UNAVAILABLE and no ack: the agent keeps the batch and resends it after reconnecting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from google.protobuf.message import DecodeError
+from smon.v1 import ingest_pb2 as pb
+
+from smon_server.ingest.validate import BatchRejected, Limits, ValidBatch, validate_batch
+from smon_server.metrics.ingest_stats import IngestStats
+from smon_server.store.db import Database
+from smon_server.store.writes import write_batch
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "smon.v1.Ingest"
+MALFORMED = "malformed"
+UNAUTHENTICATED = "unauthenticated"
+
+
+class IngestService:
+    def __init__(
+        self,
+        db: Database,
+        stats: IngestStats,
+        *,
+        limits: Limits,
+        token: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.stats = stats
+        self.limits = limits
+        self.token = token
+        self.clock = clock
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        serialize = pb.Ack.SerializeToString
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {
+                "Stream": grpc.stream_stream_rpc_method_handler(self.stream, response_serializer=serialize),
+                "Push": grpc.unary_unary_rpc_method_handler(self.push, response_serializer=serialize),
+                "Clock": grpc.unary_unary_rpc_method_handler(
+                    self.clock_rpc,
+                    request_deserializer=pb.ClockRequest.FromString,
+                    response_serializer=pb.ClockReply.SerializeToString,
+                ),
+            },
+        )
+
+    async def push(self, request: bytes, context: grpc.aio.ServicerContext) -> pb.Ack:
+        await self._authenticate(context)
+        return await self._handle(request, context)
+
+    async def stream(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Ack]:
+        await self._authenticate(context)
+        async for request in requests:
+            yield await self._handle(request, context)
+
+    async def clock_rpc(self, request: pb.ClockRequest, context: grpc.aio.ServicerContext) -> pb.ClockReply:
+        return pb.ClockReply(agent_time=request.agent_time, server_time=self.clock())
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+        if not self.token:
+            return
+        metadata = dict(context.invocation_metadata() or ())
+        presented = str(metadata.get("authorization", ""))
+        if not hmac.compare_digest(presented.encode(), f"Bearer {self.token}".encode()):
+            self.stats.rejected.labels(UNAUTHENTICATED).inc()
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ingest token")
+
+    async def _handle(self, request: bytes, context: grpc.aio.ServicerContext) -> pb.Ack:
+        try:
+            batch = pb.Batch.FromString(request)
+        except DecodeError as exc:
+            self.stats.rejected.labels(MALFORMED).inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed smon.v1.Batch: {exc}")
+            raise  # abort raises; this only satisfies type checkers
+        try:
+            valid = validate_batch(batch, self.limits)
+        except BatchRejected as rejected:
+            self.stats.rejected.labels(rejected.reason).inc()
+            count = len(batch.steps) + len(batch.gpu_samples)
+            return pb.Ack(
+                agent_id=batch.agent_id,
+                seq=batch.seq,
+                rejected=count,
+                rejections=[
+                    pb.Rejection(kind="batch", index=-1, reason=rejected.reason, detail=rejected.detail)
+                ],
+            )
+        try:
+            result = await asyncio.to_thread(write_batch, self.db, valid, self.clock())
+        except Exception:
+            log.exception("storing batch %s/%d failed", valid.agent_id, valid.seq)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later")
+            raise
+        self._count(valid, duplicate=result.duplicate)
+        return pb.Ack(
+            agent_id=valid.agent_id,
+            seq=valid.seq,
+            accepted=valid.accepted,
+            rejected=len(valid.rejections),
+            rejections=valid.rejections,
+            duplicate=result.duplicate,
+        )
+
+    def _count(self, valid: ValidBatch, *, duplicate: bool) -> None:
+        if duplicate:
+            self.stats.duplicates.inc()
+            return
+        self.stats.records.labels("batch").inc()
+        if valid.steps:
+            self.stats.records.labels("step").inc(len(valid.steps))
+        if valid.gpu_samples:
+            self.stats.records.labels("gpu_sample").inc(len(valid.gpu_samples))
+        if valid.heartbeat is not None:
+            self.stats.records.labels("heartbeat").inc()
+        for rejection in valid.rejections:
+            self.stats.rejected.labels(rejection.reason).inc()
+        if valid.unknown_fields:
+            self.stats.unknown_fields.inc(valid.unknown_fields)
+
+
+def make_grpc_server(service: IngestService, *, max_message_bytes: int) -> grpc.aio.Server:
+    """A grpc.aio server with keepalive settings matching the agent's channel options."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ],
+    )
+    server.add_generic_rpc_handlers((service.handler(),))
+    return server

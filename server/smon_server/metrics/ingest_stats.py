@@ -1,0 +1,35 @@
+"""Ingest counters: records accepted by kind, rejected by reason, unknown protobuf fields seen.
+
+These count events in this process (Prometheus sums them across replicas); everything derived from
+stored data is exported by the scrape-time collector instead.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter
+
+
+class IngestStats:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.records = Counter(
+            "smon_ingest_records",
+            "Records accepted by ingest, by kind (step, gpu_sample, heartbeat, batch).",
+            ["kind"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "smon_ingest_rejected",
+            "Records or batches rejected by ingest, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.unknown_fields = Counter(
+            "smon_ingest_unknown_fields",
+            "Protobuf fields this server does not know (sent by a newer agent); ignored.",
+            registry=registry,
+        )
+        self.duplicates = Counter(
+            "smon_ingest_duplicate_batches",
+            "Batches received again after they had been stored (agent resends); stored once.",
+            registry=registry,
+        )

@@ -1,0 +1,64 @@
+"""Server settings: one pydantic-settings class, read from `SMON_*` environment variables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+
+
+def default_database_url() -> str:
+    """The embedded SQLite file a fresh machine runs on (XDG data dir, like other CLI tools)."""
+    data_home = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return f"sqlite:///{data_home / 'smon' / 'smon.db'}"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SMON_", env_ignore_empty=True, extra="ignore")
+
+    database_url: str = Field(default_factory=default_database_url)
+    http_host: str = "0.0.0.0"
+    http_port: int = 8080
+    grpc_host: str = "0.0.0.0"
+    grpc_port: int = 50051
+
+    ingest_token: str | None = None
+    api_token: str | None = None
+
+    slack_webhook_url: str | None = None
+    pagerduty_routing_key: str | None = None
+    pagerduty_url: str = PAGERDUTY_EVENTS_URL
+    webhook_url: str | None = None
+
+    analysis_interval: Annotated[float, Field(gt=0)] = 10.0
+    # Most recent complete steps one analysis pass looks at.
+    analysis_window_steps: Annotated[int, Field(gt=0)] = 500
+    stall_seconds: Annotated[float, Field(gt=0)] = 120.0
+    gpu_hour_price: Annotated[float, Field(ge=0)] = 0.0
+    auto_migrate: bool = True
+
+    # Ingest limits: what a single batch and record may hold before it is rejected.
+    max_batch_records: Annotated[int, Field(gt=0)] = 10_000
+    max_message_bytes: Annotated[int, Field(gt=0)] = 32 * 1024 * 1024
+    max_spans_per_step: Annotated[int, Field(gt=0)] = 4096
+    max_duration_seconds: Annotated[float, Field(gt=0)] = 86_400.0
+
+    metrics_top_k: Annotated[int, Field(ge=0)] = 5
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_database_url(cls, url: str) -> str:
+        """Accept the URLs people paste (postgres://, postgresql://) and pin the psycopg 3 driver."""
+        for prefix in ("postgres://", "postgresql://"):
+            if url.startswith(prefix):
+                return "postgresql+psycopg://" + url[len(prefix) :]
+        return url
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")

@@ -1,0 +1,155 @@
+"""Tables: jobs, the agents reporting for them, their step records and GPU samples, and results.
+
+Times are Unix seconds as floats on the server's clock (agent times are shifted by the agent's
+reported clock offset at ingest): the analysis works on floats, and one clock is what it needs.
+The schema only changes through Alembic migrations in `migrations/`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, Double, Index, Integer, String
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# jsonb on PostgreSQL (compact, indexable), plain JSON text on SQLite.
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    world_size: Mapped[int] = mapped_column(Integer, default=0)
+    dp_size: Mapped[int] = mapped_column(Integer, default=0)
+    pp_size: Mapped[int] = mapped_column(Integer, default=1)
+    tp_size: Mapped[int] = mapped_column(Integer, default=1)
+    first_seen: Mapped[float] = mapped_column(Double)
+    last_seen: Mapped[float] = mapped_column(Double)
+    last_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    # Server time when the last step record arrived: "no step for SMON_STALL_SECONDS" reads this.
+    last_step_seen: Mapped[float | None] = mapped_column(Double, default=None)
+    # Accumulated by the analysis loop: waste × GPUs × wall time covered by new steps.
+    gpu_hours_wasted: Mapped[float] = mapped_column(Double, default=0.0)
+    wasted_until: Mapped[float | None] = mapped_column(Double, default=None)
+
+
+class Agent(Base):
+    """One agent process (one rank's lifetime). A restarted rank is a new agent."""
+
+    __tablename__ = "agents"
+    __table_args__ = (Index("ix_agents_job_rank", "job_id", "rank"),)
+
+    agent_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(256))
+    rank: Mapped[int] = mapped_column(Integer)
+    local_rank: Mapped[int] = mapped_column(Integer, default=0)
+    host: Mapped[str] = mapped_column(String(256), default="")
+    gpu_uuid: Mapped[str] = mapped_column(String(128), default="")
+    dp_rank: Mapped[int] = mapped_column(Integer, default=0)
+    pp_rank: Mapped[int] = mapped_column(Integer, default=0)
+    tp_rank: Mapped[int] = mapped_column(Integer, default=0)
+    pid: Mapped[int] = mapped_column(Integer, default=0)
+    agent_version: Mapped[str] = mapped_column(String(64), default="")
+    clock_offset: Mapped[float] = mapped_column(Double, default=0.0)
+    first_seen: Mapped[float] = mapped_column(Double)
+    last_seen: Mapped[float] = mapped_column(Double)
+    dropped_records: Mapped[int] = mapped_column(BigInteger, default=0)
+    errors: Mapped[int] = mapped_column(BigInteger, default=0)
+    final: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The latest heartbeat: where this rank stands right now.
+    hb_time: Mapped[float | None] = mapped_column(Double, default=None)
+    hb_last_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    hb_current_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    hb_phase: Mapped[str] = mapped_column(String(128), default="")
+    hb_phase_since: Mapped[float | None] = mapped_column(Double, default=None)
+
+
+class IngestedBatch(Base):
+    """(agent_id, seq) of every stored batch: a resent batch is recognised and stored once."""
+
+    __tablename__ = "ingested_batches"
+
+    agent_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(256))
+    received_at: Mapped[float] = mapped_column(Double)
+    accepted: Mapped[int] = mapped_column(Integer, default=0)
+    rejected: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class StepRecord(Base):
+    """One completed step on one rank. `spans` holds [kind, start, duration, microbatch, chunk]
+    rows with start relative to the step's start; `microbatch_seq` holds
+    [microbatch, count, tokens, sum_sq, max_len] rows."""
+
+    __tablename__ = "step_records"
+    __table_args__ = (Index("ix_step_records_job_step", "job_id", "step"),)
+
+    job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    agent_id: Mapped[str] = mapped_column(String(64))
+    dp_rank: Mapped[int] = mapped_column(Integer)
+    pp_rank: Mapped[int] = mapped_column(Integer)
+    tp_rank: Mapped[int] = mapped_column(Integer)
+    start_time: Mapped[float] = mapped_column(Double)
+    end_time: Mapped[float] = mapped_column(Double)
+    duration: Mapped[float] = mapped_column(Double)
+    phases: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    spans: Mapped[list[Any]] = mapped_column(JsonType)
+    gc_count: Mapped[int] = mapped_column(Integer, default=0)
+    gc_seconds: Mapped[float] = mapped_column(Double, default=0.0)
+    seq_count: Mapped[int] = mapped_column(Integer, default=0)
+    seq_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    seq_sum_sq: Mapped[float] = mapped_column(Double, default=0.0)
+    seq_max_len: Mapped[int] = mapped_column(Integer, default=0)
+    microbatch_seq: Mapped[list[Any]] = mapped_column(JsonType)
+    received_at: Mapped[float] = mapped_column(Double)
+
+
+class GpuSample(Base):
+    __tablename__ = "gpu_samples"
+
+    job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    time: Mapped[float] = mapped_column(Double, primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(128), default="")
+    sm_clock_mhz: Mapped[float | None] = mapped_column(Double)
+    sm_clock_max_mhz: Mapped[float | None] = mapped_column(Double)
+    mem_clock_mhz: Mapped[float | None] = mapped_column(Double)
+    mem_clock_max_mhz: Mapped[float | None] = mapped_column(Double)
+    gpu_util: Mapped[float | None] = mapped_column(Double)
+    mem_util: Mapped[float | None] = mapped_column(Double)
+    mem_used_bytes: Mapped[float | None] = mapped_column(Double)
+    mem_total_bytes: Mapped[float | None] = mapped_column(Double)
+    temperature_c: Mapped[float | None] = mapped_column(Double)
+    power_w: Mapped[float | None] = mapped_column(Double)
+    power_limit_w: Mapped[float | None] = mapped_column(Double)
+    throttle_reasons: Mapped[int | None] = mapped_column(BigInteger)
+    ecc_corrected: Mapped[int | None] = mapped_column(BigInteger)
+    ecc_uncorrected: Mapped[int | None] = mapped_column(BigInteger)
+    pcie_replay: Mapped[int | None] = mapped_column(BigInteger)
+    xid_events: Mapped[list[Any]] = mapped_column(JsonType)
+
+
+class AnalysisResult(Base):
+    """The latest analysis of a job's recent window; API, metrics and alerts read these numbers."""
+
+    __tablename__ = "analysis_results"
+
+    job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    computed_at: Mapped[float] = mapped_column(Double)
+    from_step: Mapped[int | None] = mapped_column(BigInteger)
+    to_step: Mapped[int | None] = mapped_column(BigInteger)
+    steps_seen: Mapped[int] = mapped_column(Integer, default=0)
+    slowdown: Mapped[float | None] = mapped_column(Double)
+    waste_fraction: Mapped[float | None] = mapped_column(Double)
+    # summary (DESIGN §6 shape), per-step series, worker grid, rank × step slowdown.
+    result: Mapped[dict[str, Any]] = mapped_column(JsonType)

@@ -1,0 +1,126 @@
+"""Reads the API, the analysis loop and the metrics collector share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from smon_server.analysis.from_steps import StepRow
+from smon_server.store.models import Agent, AnalysisResult, GpuSample, Job, StepRecord
+
+
+def list_jobs(*, session: Session) -> Sequence[Job]:
+    return session.scalars(select(Job).order_by(Job.last_seen.desc())).all()
+
+
+def get_job(*, session: Session, job_id: str) -> Job | None:
+    return session.get(Job, job_id)
+
+
+def get_result(*, session: Session, job_id: str) -> AnalysisResult | None:
+    return session.get(AnalysisResult, job_id)
+
+
+def results_by_job(*, session: Session) -> dict[str, AnalysisResult]:
+    return {r.job_id: r for r in session.scalars(select(AnalysisResult))}
+
+
+def job_agents(*, session: Session, job_id: str) -> Sequence[Agent]:
+    """The newest agent of each rank (a restarted rank reports under a new agent id)."""
+    agents = session.scalars(
+        select(Agent).where(Agent.job_id == job_id).order_by(Agent.rank, Agent.first_seen)
+    ).all()
+    latest: dict[int, Agent] = {}
+    for agent in agents:
+        latest[agent.rank] = agent
+    return list(latest.values())
+
+
+def agents_by_job(*, session: Session) -> dict[str, list[Agent]]:
+    out: dict[str, dict[int, Agent]] = {}
+    for agent in session.scalars(select(Agent).order_by(Agent.first_seen)):
+        out.setdefault(agent.job_id, {})[agent.rank] = agent
+    return {job: list(ranks.values()) for job, ranks in out.items()}
+
+
+def step_window(
+    *,
+    session: Session,
+    job_id: str,
+    from_step: int | None = None,
+    to_step: int | None = None,
+    last: int | None = None,
+) -> tuple[int | None, int | None]:
+    """The step range to analyse: explicit bounds, or the `last` N steps seen."""
+    if from_step is not None or to_step is not None or last is None:
+        return from_step, to_step
+    newest = session.scalar(select(func.max(StepRecord.step)).where(StepRecord.job_id == job_id))
+    if newest is None:
+        return None, None
+    # Steps need not be contiguous (resumed jobs); take the N-th newest distinct step.
+    steps = session.scalars(
+        select(StepRecord.step)
+        .where(StepRecord.job_id == job_id)
+        .distinct()
+        .order_by(StepRecord.step.desc())
+        .limit(last)
+    ).all()
+    return min(steps), newest
+
+
+def step_rows(
+    *, session: Session, job_id: str, from_step: int | None = None, to_step: int | None = None
+) -> list[StepRow]:
+    stmt = select(
+        StepRecord.rank,
+        StepRecord.step,
+        StepRecord.dp_rank,
+        StepRecord.pp_rank,
+        StepRecord.tp_rank,
+        StepRecord.start_time,
+        StepRecord.duration,
+        StepRecord.phases,
+        StepRecord.spans,
+        StepRecord.seq_sum_sq,
+        StepRecord.microbatch_seq,
+    ).where(StepRecord.job_id == job_id)
+    if from_step is not None:
+        stmt = stmt.where(StepRecord.step >= from_step)
+    if to_step is not None:
+        stmt = stmt.where(StepRecord.step <= to_step)
+    return [StepRow(*row) for row in session.execute(stmt.order_by(StepRecord.step, StepRecord.rank))]
+
+
+def step_times(
+    *, session: Session, job_id: str, from_step: int | None = None, to_step: int | None = None
+) -> list[tuple[int, float, float]]:
+    """(step, first start, last end) over all ranks: the wall time each step covered."""
+    stmt = (
+        select(StepRecord.step, func.min(StepRecord.start_time), func.max(StepRecord.end_time))
+        .where(StepRecord.job_id == job_id)
+        .group_by(StepRecord.step)
+        .order_by(StepRecord.step)
+    )
+    if from_step is not None:
+        stmt = stmt.where(StepRecord.step >= from_step)
+    if to_step is not None:
+        stmt = stmt.where(StepRecord.step <= to_step)
+    return [(int(s), float(a), float(b)) for s, a, b in session.execute(stmt)]
+
+
+def gpu_samples(
+    *,
+    session: Session,
+    job_id: str,
+    rank: int | None = None,
+    since: float | None = None,
+    limit: int = 10_000,
+) -> Sequence[GpuSample]:
+    stmt = select(GpuSample).where(GpuSample.job_id == job_id)
+    if rank is not None:
+        stmt = stmt.where(GpuSample.rank == rank)
+    if since is not None:
+        stmt = stmt.where(GpuSample.time >= since)
+    return session.scalars(stmt.order_by(GpuSample.time.desc()).limit(limit)).all()

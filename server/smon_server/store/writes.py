@@ -1,0 +1,191 @@
+"""Write one validated batch in one transaction: a batch is acked only after this commits.
+
+The (agent_id, seq) row is inserted first; if it already exists the batch is a resend and nothing
+else is written. Step records are keyed by (job, rank, step) and inserted with ON CONFLICT DO
+NOTHING, so a record that reaches the server twice by any route is stored once. On PostgreSQL
+the rows go in with COPY into a temporary table, then one INSERT … SELECT … ON CONFLICT.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Table, case, func, insert, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from smon_server.ingest.validate import ValidBatch
+from smon_server.store.db import Database
+from smon_server.store.models import Agent, GpuSample, IngestedBatch, Job, StepRecord
+
+STEP_COLUMNS = [c.name for c in StepRecord.__table__.columns]
+GPU_COLUMNS = [c.name for c in GpuSample.__table__.columns]
+_JSON_COLUMNS = {"phases", "spans", "microbatch_seq", "xid_events"}
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    duplicate: bool
+
+
+def write_batch(db: Database, batch: ValidBatch, now: float) -> WriteResult:
+    with db.transaction() as session:
+        dialect = session.get_bind().dialect.name
+        if not _claim_batch(session, dialect, batch, now):
+            return WriteResult(duplicate=True)
+        _upsert_job(session, dialect, batch, now)
+        _upsert_agent(session, dialect, batch, now)
+        if batch.steps:
+            rows = [{**row, "received_at": now} for row in batch.steps]
+            _insert_ignoring_conflicts(session, dialect, StepRecord.__table__, STEP_COLUMNS, rows)
+        if batch.gpu_samples:
+            _insert_ignoring_conflicts(session, dialect, GpuSample.__table__, GPU_COLUMNS, batch.gpu_samples)
+    return WriteResult(duplicate=False)
+
+
+def _dialect_insert(dialect: str, table: Any) -> Any:
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+
+
+def _greatest(dialect: str, a: Any, b: Any) -> Any:
+    """The larger of two values, treating NULL as absent on both databases."""
+    fn = func.greatest if dialect == "postgresql" else func.max
+    return fn(func.coalesce(a, b), func.coalesce(b, a))
+
+
+def _claim_batch(session: Session, dialect: str, batch: ValidBatch, now: float) -> bool:
+    stmt = (
+        _dialect_insert(dialect, IngestedBatch)
+        .values(
+            agent_id=batch.agent_id,
+            seq=batch.seq,
+            job_id=batch.job_id,
+            received_at=now,
+            accepted=batch.accepted,
+            rejected=len(batch.rejections),
+        )
+        .on_conflict_do_nothing()
+        .returning(IngestedBatch.seq)
+    )
+    return session.execute(stmt).first() is not None
+
+
+def _upsert_job(session: Session, dialect: str, batch: ValidBatch, now: float) -> None:
+    coords = batch.coords
+    last_step = max((row["step"] for row in batch.steps), default=None)
+    values: dict[str, Any] = {
+        "job_id": batch.job_id,
+        "world_size": coords.world_size,
+        "dp_size": coords.dp_size or coords.world_size,
+        "pp_size": coords.pp_size or 1,
+        "tp_size": coords.tp_size or 1,
+        "first_seen": now,
+        "last_seen": now,
+        "last_step": last_step,
+        "last_step_seen": now if batch.steps else None,
+        "gpu_hours_wasted": 0.0,
+    }
+    stmt = _dialect_insert(dialect, Job).values(**values)
+    excluded = stmt.excluded
+    update: dict[str, Any] = {
+        "last_seen": _greatest(dialect, Job.last_seen, excluded.last_seen),
+        "world_size": _greatest(dialect, Job.world_size, excluded.world_size),
+        "dp_size": _greatest(dialect, Job.dp_size, excluded.dp_size),
+        "pp_size": _greatest(dialect, Job.pp_size, excluded.pp_size),
+        "tp_size": _greatest(dialect, Job.tp_size, excluded.tp_size),
+        "last_step": _greatest(dialect, Job.last_step, excluded.last_step),
+    }
+    if batch.steps:
+        update["last_step_seen"] = _greatest(dialect, Job.last_step_seen, excluded.last_step_seen)
+    session.execute(stmt.on_conflict_do_update(index_elements=[Job.job_id], set_=update))
+
+
+def _upsert_agent(session: Session, dialect: str, batch: ValidBatch, now: float) -> None:
+    coords = batch.coords
+    values: dict[str, Any] = {
+        "agent_id": batch.agent_id,
+        "job_id": batch.job_id,
+        "rank": coords.rank,
+        "local_rank": coords.local_rank,
+        "host": coords.host,
+        "gpu_uuid": coords.gpu_uuid,
+        "dp_rank": coords.dp_rank,
+        "pp_rank": coords.pp_rank,
+        "tp_rank": coords.tp_rank,
+        "pid": coords.pid,
+        "agent_version": coords.agent_version,
+        "clock_offset": batch.clock_offset,
+        "first_seen": now,
+        "last_seen": now,
+        "dropped_records": batch.counters.dropped_records if batch.counters else 0,
+        "errors": batch.counters.errors if batch.counters else 0,
+        "final": batch.final,
+        "hb_phase": "",
+    }
+    hb = batch.heartbeat
+    if hb is not None:
+        values.update(
+            hb_time=hb.time + batch.clock_offset,
+            hb_last_step=hb.last_step,
+            hb_current_step=hb.current_step,
+            hb_phase=hb.phase,
+            hb_phase_since=(hb.phase_since + batch.clock_offset) if hb.phase_since else None,
+        )
+    stmt = _dialect_insert(dialect, Agent).values(**values)
+    excluded = stmt.excluded
+    update: dict[str, Any] = {
+        "last_seen": _greatest(dialect, Agent.last_seen, excluded.last_seen),
+        "clock_offset": excluded.clock_offset,
+        "host": excluded.host,
+        "gpu_uuid": excluded.gpu_uuid,
+        # Counters are cumulative on the agent; a resent older batch must not move them back.
+        "dropped_records": _greatest(dialect, Agent.dropped_records, excluded.dropped_records),
+        "errors": _greatest(dialect, Agent.errors, excluded.errors),
+    }
+    if batch.final:
+        update["final"] = excluded.final
+    if hb is not None:
+        # Only a newer heartbeat replaces the stored one (batches may arrive out of order).
+        newer = func.coalesce(Agent.hb_time, 0.0) <= excluded.hb_time
+        for column in ("hb_time", "hb_last_step", "hb_current_step", "hb_phase", "hb_phase_since"):
+            current = getattr(Agent, column)
+            update[column] = case((newer, getattr(excluded, column)), else_=current)
+    session.execute(stmt.on_conflict_do_update(index_elements=[Agent.agent_id], set_=update))
+
+
+def _insert_ignoring_conflicts(
+    session: Session,
+    dialect: str,
+    table: Table,
+    columns: Sequence[str],
+    rows: list[dict[str, Any]],
+) -> None:
+    if dialect == "postgresql":
+        _copy_insert(session, table, columns, rows)
+        return
+    session.execute(insert(table).prefix_with("OR IGNORE"), rows)
+
+
+def _copy_insert(session: Session, table: Table, columns: Sequence[str], rows: list[dict[str, Any]]) -> None:
+    """COPY into a per-transaction temporary table, then move rows over, skipping conflicts."""
+    staging = f"_in_{table.name}"
+    session.execute(
+        text(
+            f"CREATE TEMP TABLE IF NOT EXISTS {staging} "
+            f"(LIKE {table.name} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+        )
+    )
+    cursor = session.connection().connection.driver_connection.cursor()  # type: ignore[union-attr]
+    column_list = ", ".join(columns)
+    with cursor.copy(f"COPY {staging} ({column_list}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row([json.dumps(row[c]) if c in _JSON_COLUMNS else row[c] for c in columns])
+    session.execute(
+        text(
+            f"INSERT INTO {table.name} ({column_list}) SELECT {column_list} FROM {staging} "
+            "ON CONFLICT DO NOTHING"
+        )
+    )
