@@ -29,6 +29,9 @@ class Settings(BaseSettings):
 
     ingest_token: str | None = None
     api_token: str | None = None
+    # TLS for both listeners when both files are given (PEM).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
 
     slack_webhook_url: str | None = None
     pagerduty_routing_key: str | None = None

@@ -13,16 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Table, case, func, insert, text
+from sqlalchemy import case, func, insert, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from smon_server.ingest.validate import ValidBatch
 from smon_server.store.db import Database
-from smon_server.store.models import Agent, GpuSample, IngestedBatch, Job, StepRecord
+from smon_server.store.models import Agent, Base, GpuSample, IngestedBatch, Job, StepRecord
 
-STEP_COLUMNS = [c.name for c in StepRecord.__table__.columns]
-GPU_COLUMNS = [c.name for c in GpuSample.__table__.columns]
 _JSON_COLUMNS = {"phases", "spans", "microbatch_seq", "xid_events"}
 
 
@@ -40,9 +38,9 @@ def write_batch(db: Database, batch: ValidBatch, now: float) -> WriteResult:
         _upsert_agent(session, dialect, batch, now)
         if batch.steps:
             rows = [{**row, "received_at": now} for row in batch.steps]
-            _insert_ignoring_conflicts(session, dialect, StepRecord.__table__, STEP_COLUMNS, rows)
+            _insert_ignoring_conflicts(session, dialect, StepRecord, rows)
         if batch.gpu_samples:
-            _insert_ignoring_conflicts(session, dialect, GpuSample.__table__, GPU_COLUMNS, batch.gpu_samples)
+            _insert_ignoring_conflicts(session, dialect, GpuSample, batch.gpu_samples)
     return WriteResult(duplicate=False)
 
 
@@ -157,25 +155,22 @@ def _upsert_agent(session: Session, dialect: str, batch: ValidBatch, now: float)
 
 
 def _insert_ignoring_conflicts(
-    session: Session,
-    dialect: str,
-    table: Table,
-    columns: Sequence[str],
-    rows: list[dict[str, Any]],
+    session: Session, dialect: str, model: type[Base], rows: list[dict[str, Any]]
 ) -> None:
     if dialect == "postgresql":
-        _copy_insert(session, table, columns, rows)
+        columns = [c.name for c in model.__table__.columns]
+        _copy_insert(session, model.__tablename__, columns, rows)
         return
-    session.execute(insert(table).prefix_with("OR IGNORE"), rows)
+    session.execute(insert(model).prefix_with("OR IGNORE"), rows)
 
 
-def _copy_insert(session: Session, table: Table, columns: Sequence[str], rows: list[dict[str, Any]]) -> None:
+def _copy_insert(session: Session, table: str, columns: Sequence[str], rows: list[dict[str, Any]]) -> None:
     """COPY into a per-transaction temporary table, then move rows over, skipping conflicts."""
-    staging = f"_in_{table.name}"
+    staging = f"_in_{table}"
     session.execute(
         text(
             f"CREATE TEMP TABLE IF NOT EXISTS {staging} "
-            f"(LIKE {table.name} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+            f"(LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
         )
     )
     cursor = session.connection().connection.driver_connection.cursor()  # type: ignore[union-attr]
@@ -185,7 +180,6 @@ def _copy_insert(session: Session, table: Table, columns: Sequence[str], rows: l
             copy.write_row([json.dumps(row[c]) if c in _JSON_COLUMNS else row[c] for c in columns])
     session.execute(
         text(
-            f"INSERT INTO {table.name} ({column_list}) SELECT {column_list} FROM {staging} "
-            "ON CONFLICT DO NOTHING"
+            f"INSERT INTO {table} ({column_list}) SELECT {column_list} FROM {staging} ON CONFLICT DO NOTHING"
         )
     )

@@ -1,0 +1,241 @@
+"""/api/v1/jobs: what the analysis found, per job, per step, per rank and per worker."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+
+from smon_server.analysis import job_analysis
+from smon_server.analysis.liveness import job_liveness
+from smon_server.api.deps import ApiTokenDep, DbDep, SettingsDep
+from smon_server.api.schemas import (
+    GpuSampleOut,
+    HeatmapOut,
+    JobOut,
+    JobsOut,
+    StepOut,
+    StepsOut,
+    SummaryOut,
+    WorkerOut,
+    WorkersOut,
+    WorkerStepOut,
+)
+from smon_server.store import queries
+from smon_server.store.models import Job
+
+router = APIRouter(prefix="/api/v1", tags=["jobs"])
+
+FromStep = Annotated[int | None, Query(ge=0, description="first step of the window")]
+ToStep = Annotated[int | None, Query(ge=0, description="last step of the window")]
+Window = Annotated[int | None, Query(gt=0, description="the last N steps instead of a range")]
+
+
+def _ts(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def _job_or_404(db: DbDep, job_id: str) -> Job:
+    job = queries.get_job(session=db, job_id=job_id)
+    if job is None:
+        raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+    return job
+
+
+@router.get("/jobs", response_model=JobsOut)
+def list_jobs(db: DbDep, settings: SettingsDep, _auth: ApiTokenDep) -> JobsOut:
+    now = time.time()
+    results = queries.results_by_job(session=db)
+    agents = queries.agents_by_job(session=db)
+    out = []
+    for job in queries.list_jobs(session=db):
+        liveness = job_liveness(
+            job, agents.get(job.job_id, []), now=now, stall_seconds=settings.stall_seconds
+        )
+        result = results.get(job.job_id)
+        out.append(
+            JobOut(
+                job_id=job.job_id,
+                state=liveness.state.value,
+                world_size=job.world_size,
+                last_step=job.last_step,
+                slowdown=result.slowdown if result else None,
+                waste_fraction=result.waste_fraction if result else None,
+                gpu_hours_wasted=job.gpu_hours_wasted,
+                first_seen=_ts(job.first_seen),
+                last_seen=_ts(job.last_seen),
+            )
+        )
+    return JobsOut(jobs=out)
+
+
+def _analysis(
+    db: DbDep,
+    settings: SettingsDep,
+    job: Job,
+    from_step: int | None,
+    to_step: int | None,
+    window: int | None,
+) -> dict[str, Any]:
+    """The stored analysis, or a fresh one when the caller asks for another window."""
+    if from_step is None and to_step is None and window is None:
+        stored = queries.get_result(session=db, job_id=job.job_id)
+        if stored is not None:
+            return stored.result
+    return job_analysis.analyze_job(
+        session=db,
+        job=job,
+        settings=settings,
+        now=time.time(),
+        from_step=from_step,
+        to_step=to_step,
+        last=window,
+    )
+
+
+@router.get("/jobs/{job_id}/summary", response_model=SummaryOut)
+def summary(
+    job_id: str,
+    db: DbDep,
+    settings: SettingsDep,
+    _auth: ApiTokenDep,
+    from_step: FromStep = None,
+    to_step: ToStep = None,
+    window: Window = None,
+) -> SummaryOut:
+    job = _job_or_404(db, job_id)
+    result = _analysis(db, settings, job, from_step, to_step, window)
+    liveness = job_liveness(
+        job,
+        queries.job_agents(session=db, job_id=job_id),
+        now=time.time(),
+        stall_seconds=settings.stall_seconds,
+    )
+    body = dict(result["summary"])
+    body.update(
+        job_id=job.job_id,
+        state=liveness.state.value,
+        world_size=job.world_size,
+        gpu_hours_wasted=job.gpu_hours_wasted
+        if (from_step, to_step, window) == (None, None, None)
+        else body.get("gpu_hours_wasted", 0.0),
+        computed_at=_ts(result["computed_at"]) if result.get("computed_at") else None,
+    )
+    return SummaryOut.model_validate(body)
+
+
+@router.get("/jobs/{job_id}/steps", response_model=StepsOut)
+def steps(
+    job_id: str,
+    db: DbDep,
+    settings: SettingsDep,
+    _auth: ApiTokenDep,
+    from_step: FromStep = None,
+    to_step: ToStep = None,
+    window: Window = None,
+) -> StepsOut:
+    job = _job_or_404(db, job_id)
+    result = _analysis(db, settings, job, from_step, to_step, window)
+    return StepsOut(job_id=job_id, steps=[StepOut(**s) for s in result["steps"]])
+
+
+@router.get("/jobs/{job_id}/heatmap", response_model=HeatmapOut)
+def heatmap(
+    job_id: str,
+    db: DbDep,
+    settings: SettingsDep,
+    _auth: ApiTokenDep,
+    metric: Annotated[str, Query(description="slowdown, step_time, or a phase name")] = "slowdown",
+    from_step: FromStep = None,
+    to_step: ToStep = None,
+    window: Window = None,
+) -> HeatmapOut:
+    job = _job_or_404(db, job_id)
+    if metric == "slowdown":
+        grid = _analysis(db, settings, job, from_step, to_step, window)["rank_slowdown"]
+    else:
+        grid = job_analysis.phase_heatmap(
+            session=db, job=job, metric=metric, from_step=from_step, to_step=to_step, last=window
+        )
+    return HeatmapOut(job_id=job_id, metric=metric, **grid)
+
+
+@router.get("/jobs/{job_id}/workers", response_model=WorkersOut)
+def workers(
+    job_id: str,
+    db: DbDep,
+    settings: SettingsDep,
+    _auth: ApiTokenDep,
+    from_step: FromStep = None,
+    to_step: ToStep = None,
+    window: Window = None,
+) -> WorkersOut:
+    job = _job_or_404(db, job_id)
+    result = _analysis(db, settings, job, from_step, to_step, window)
+    return WorkersOut(job_id=job_id, **result["workers"])
+
+
+@router.get("/jobs/{job_id}/workers/{rank}", response_model=WorkerOut)
+def worker(
+    job_id: str,
+    rank: int,
+    db: DbDep,
+    settings: SettingsDep,
+    _auth: ApiTokenDep,
+    from_step: FromStep = None,
+    to_step: ToStep = None,
+    window: Window = None,
+) -> WorkerOut:
+    job = _job_or_404(db, job_id)
+    agent = next((a for a in queries.job_agents(session=db, job_id=job_id) if a.rank == rank), None)
+    if agent is None:
+        raise HTTPException(status_code=404, detail=f"job {job_id!r} has no rank {rank}")
+    result = _analysis(db, settings, job, from_step, to_step, window)
+    grid = result["rank_slowdown"]
+    per_step: dict[int, float | None] = {}
+    if rank in grid["ranks"]:
+        row = grid["values"][grid["ranks"].index(rank)]
+        per_step = dict(zip(grid["steps"], row, strict=True))
+    lo, hi = queries.step_window(
+        session=db,
+        job_id=job_id,
+        from_step=from_step,
+        to_step=to_step,
+        last=window or settings.analysis_window_steps,
+    )
+    records = [
+        r for r in queries.step_rows(session=db, job_id=job_id, from_step=lo, to_step=hi) if r.rank == rank
+    ]
+    heartbeat = None
+    if agent.hb_time is not None:
+        heartbeat = {
+            "time": agent.hb_time,
+            "last_step": agent.hb_last_step,
+            "current_step": agent.hb_current_step,
+            "phase": agent.hb_phase,
+            "phase_since": agent.hb_phase_since,
+        }
+    samples = queries.gpu_samples(session=db, job_id=job_id, rank=rank, limit=1000)
+    return WorkerOut(
+        job_id=job_id,
+        rank=rank,
+        host=agent.host,
+        dp_rank=agent.dp_rank,
+        stage=agent.pp_rank,
+        tp_rank=agent.tp_rank,
+        gpu_uuid=agent.gpu_uuid,
+        slowdown=result.get("rank_overall", {}).get(str(rank)),
+        last_heartbeat=heartbeat,
+        steps=[
+            WorkerStepOut(
+                step=r.step,
+                duration=r.duration,
+                phases={k: float(v) for k, v in r.phases.items()},
+                slowdown=per_step.get(r.step),
+            )
+            for r in records
+        ],
+        gpu=[GpuSampleOut.model_validate(s, from_attributes=True) for s in reversed(samples)],
+    )

@@ -1,0 +1,163 @@
+"""One server process: gRPC ingest, the HTTP API and the analysis loop on one asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import uvicorn
+
+from smon_server.analysis.loop import analysis_loop
+from smon_server.api.main import create_app
+from smon_server.context import ServerContext
+from smon_server.ingest.service import IngestService, make_grpc_server
+from smon_server.ingest.validate import Limits
+from smon_server.settings import Settings
+from smon_server.store import migrate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Ports:
+    http: int
+    grpc: int
+
+
+def _grpc_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    if not (settings.tls_cert_file and settings.tls_key_file):
+        return None
+    pair = (settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())
+    return grpc.ssl_server_credentials([pair])
+
+
+async def serve(
+    settings: Settings,
+    *,
+    on_ready: Callable[[ServerContext, Ports], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run until `stop` is set or, in the main thread, until SIGINT / SIGTERM."""
+    context = ServerContext.from_settings(settings)
+    if settings.auto_migrate:
+        await asyncio.to_thread(migrate.upgrade, context.db)
+
+    service = IngestService(
+        context.db,
+        context.ingest_stats,
+        limits=Limits(
+            max_batch_records=settings.max_batch_records,
+            max_spans_per_step=settings.max_spans_per_step,
+            max_duration_seconds=settings.max_duration_seconds,
+        ),
+        token=settings.ingest_token,
+    )
+    grpc_server = make_grpc_server(service, max_message_bytes=settings.max_message_bytes)
+    address = f"{settings.grpc_host}:{settings.grpc_port}"
+    credentials = _grpc_credentials(settings)
+    if credentials is not None:
+        grpc_port = grpc_server.add_secure_port(address, credentials)
+    else:
+        grpc_port = grpc_server.add_insecure_port(address)
+    await grpc_server.start()
+
+    config = uvicorn.Config(
+        create_app(context),
+        host=settings.http_host,
+        port=settings.http_port,
+        log_level="warning",
+        ssl_certfile=str(settings.tls_cert_file) if settings.tls_cert_file else None,
+        ssl_keyfile=str(settings.tls_key_file) if settings.tls_key_file else None,
+    )
+    http_server = uvicorn.Server(config)
+    stop = stop or asyncio.Event()
+    http_task = asyncio.create_task(http_server.serve())
+    loop_task = asyncio.create_task(analysis_loop(context, stop))
+    try:
+        while not http_server.started:
+            if http_task.done():
+                await http_task  # re-raises the start-up error (port in use, ...)
+                return
+            await asyncio.sleep(0.02)
+        http_port = http_server.servers[0].sockets[0].getsockname()[1]
+        log.info("SMon listening: HTTP %d, gRPC %d", http_port, grpc_port)
+        if on_ready is not None:
+            on_ready(context, Ports(http=http_port, grpc=grpc_port))
+        stop_task = asyncio.create_task(stop.wait())
+        await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.set()
+        http_server.should_exit = True
+        with contextlib.suppress(Exception):
+            await http_task
+        await grpc_server.stop(grace=2.0)
+        loop_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop_task
+        context.db.dispose()
+
+
+class BackgroundServer:
+    """A server on its own thread and event loop (tests, `smon demo`); ports 0 pick free ones."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.ports: Ports | None = None
+        self.context: ServerContext | None = None
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="smon-server", daemon=True)
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            await serve(self.settings, on_ready=self._on_ready, stop=self._stop)
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def _on_ready(self, context: ServerContext, ports: Ports) -> None:
+        self.context = context
+        self.ports = ports
+        self._ready.set()
+
+    def start(self, timeout: float = 30.0) -> BackgroundServer:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("SMon server did not start in time")
+        if self.ports is None:
+            raise RuntimeError(f"SMon server failed to start: {self._error!r}") from self._error
+        return self
+
+    @property
+    def http_url(self) -> str:
+        assert self.ports is not None
+        return f"http://127.0.0.1:{self.ports.http}"
+
+    @property
+    def grpc_target(self) -> str:
+        assert self.ports is not None
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,188 @@
+"""The ingest service over real gRPC on loopback, storing into SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from smon.v1 import ingest_pb2 as pb
+from smon.v1 import ingest_pb2_grpc as pb_grpc
+from smon_server.runtime import BackgroundServer
+from smon_server.store.models import Agent, GpuSample, IngestedBatch, Job, StepRecord
+from sqlalchemy import func, select
+
+from tests import factories as f
+from tests.conftest import server_settings
+
+
+@pytest.fixture
+def stub(server: BackgroundServer) -> Iterator[pb_grpc.IngestStub]:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        yield pb_grpc.IngestStub(channel)
+
+
+def _count(server: BackgroundServer, model: type) -> int:
+    assert server.context is not None
+    with server.context.db.session() as session:
+        return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
+
+def _metric(server: BackgroundServer, name: str, **labels: str) -> float:
+    assert server.context is not None
+    return server.context.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_push_stores_steps_agent_job_and_gpu_samples(
+    server: BackgroundServer, stub: pb_grpc.IngestStub
+) -> None:
+    job = f.new_job_id()
+    steps = f.dp_job_steps(2, range(3))
+    sample = pb.GpuSample(time=f.T0, gpu_index=0, sm_clock_mhz=1200, sm_clock_max_mhz=1980)
+    hb = pb.Heartbeat(time=f.T0 + 5, last_step=2, current_step=3, phase="forward", phase_since=f.T0)
+    ack = stub.Push(f.batch(job, 0, 2, steps=steps[0], gpu_samples=[sample], heartbeat=hb))
+    assert (ack.accepted, ack.rejected, ack.duplicate) == (4, 0, False)
+    assert _count(server, StepRecord) == 3
+    assert _count(server, GpuSample) == 1
+    assert server.context is not None
+    with server.context.db.session() as session:
+        stored = session.get(Job, job)
+        assert stored is not None and stored.world_size == 2 and stored.last_step == 2
+        agent = session.scalars(select(Agent)).one()
+        assert (agent.rank, agent.hb_phase, agent.hb_current_step) == (0, "forward", 3)
+        record = session.get(StepRecord, (job, 0, 1))
+        assert record is not None
+        assert record.phases["forward"] == pytest.approx(0.010)
+        assert [s[0] for s in record.spans] == [
+            "data_wait",
+            "forward",
+            "backward",
+            "grad_sync",
+            "optimizer",
+        ]
+    assert _metric(server, "smon_ingest_records_total", kind="step") == 3
+
+
+def test_resent_batch_is_stored_once_and_acked_as_duplicate(
+    server: BackgroundServer, stub: pb_grpc.IngestStub
+) -> None:
+    job = f.new_job_id()
+    b = f.batch(job, 0, 1, steps=f.dp_job_steps(1, range(4))[0])
+    first = stub.Push(b)
+    again = stub.Push(b)
+    assert not first.duplicate and again.duplicate
+    assert again.seq == b.seq
+    assert _count(server, StepRecord) == 4
+    assert _count(server, IngestedBatch) == 1
+    # The same steps under a new batch (e.g. a restarted agent) are not stored twice either.
+    renamed = f.batch(job, 0, 1, steps=b.steps, agent_id="other-agent")
+    assert stub.Push(renamed).accepted == 4
+    assert _count(server, StepRecord) == 4
+
+
+def test_bad_records_rejected_with_reasons_valid_ones_kept(
+    server: BackgroundServer, stub: pb_grpc.IngestStub
+) -> None:
+    job = f.new_job_id()
+    records = f.dp_job_steps(1, range(4))[0]
+    records[1].duration = math.nan
+    records[2].spans[0].duration = -1.0
+    ack = stub.Push(f.batch(job, 0, 1, steps=records))
+    assert (ack.accepted, ack.rejected) == (2, 2)
+    assert {(r.index, r.reason) for r in ack.rejections} == {
+        (1, "non_finite"),
+        (2, "negative_duration"),
+    }
+    assert _count(server, StepRecord) == 2
+    assert _metric(server, "smon_ingest_rejected_total", reason="non_finite") == 1
+    assert _metric(server, "smon_ingest_rejected_total", reason="negative_duration") == 1
+
+
+def test_batch_without_job_gets_batch_rejection(stub: pb_grpc.IngestStub) -> None:
+    b = f.batch("", 0, 1, steps=f.dp_job_steps(1, range(2))[0])
+    ack = stub.Push(b)
+    assert ack.accepted == 0 and ack.rejected == 2
+    assert [(r.kind, r.reason) for r in ack.rejections] == [("batch", "missing_job")]
+
+
+def test_malformed_protobuf_gets_invalid_argument(server: BackgroundServer) -> None:
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        push = channel.unary_unary("/smon.v1.Ingest/Push")
+        with pytest.raises(grpc.RpcError) as info:
+            push(b"\xff\xff\xff garbage")
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "malformed" in (info.value.details() or "")
+    assert _metric(server, "smon_ingest_rejected_total", reason="malformed") == 1
+
+
+def test_oversized_message_gets_resource_exhausted(database_url: str) -> None:
+    settings = server_settings(database_url, max_message_bytes=64 * 1024)
+    with BackgroundServer(settings) as server, grpc.insecure_channel(server.grpc_target) as ch:
+        records = f.dp_job_steps(1, range(2000))[0]
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.IngestStub(ch).Push(f.batch("big", 0, 1, steps=records))
+        assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_stream_acks_each_batch_in_order(server: BackgroundServer, stub: pb_grpc.IngestStub) -> None:
+    job = f.new_job_id()
+    per_rank = f.dp_job_steps(2, range(6))
+    requests: queue.Queue[pb.Batch | None] = queue.Queue()
+
+    def feed() -> Iterator[pb.Batch]:
+        while (item := requests.get()) is not None:
+            yield item
+
+    acks = stub.Stream(feed())
+    for seq in (1, 2, 3):
+        lo = (seq - 1) * 2
+        requests.put(f.batch(job, 1, 2, seq=seq, steps=per_rank[1][lo : lo + 2]))
+        ack = next(acks)
+        assert (ack.seq, ack.accepted) == (seq, 2)
+    requests.put(None)
+    assert list(acks) == []
+    assert _count(server, StepRecord) == 6
+
+
+def test_ingest_token_is_required_when_configured(database_url: str) -> None:
+    settings = server_settings(database_url, ingest_token="s3cret")
+    b = f.batch(f.new_job_id(), 0, 1, steps=f.dp_job_steps(1, range(1))[0])
+    with BackgroundServer(settings) as server, grpc.insecure_channel(server.grpc_target) as ch:
+        stub = pb_grpc.IngestStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Push(b)
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError):
+            stub.Push(b, metadata=[("authorization", "Bearer wrong")])
+        ack = stub.Push(b, metadata=[("authorization", "Bearer s3cret")])
+        assert ack.accepted == 1
+        assert _metric(server, "smon_ingest_rejected_total", reason="unauthenticated") == 2
+
+
+def test_clock_rpc_echoes_and_reports_server_time(stub: pb_grpc.IngestStub) -> None:
+    reply = stub.Clock(pb.ClockRequest(agent_time=123.0))
+    assert reply.agent_time == 123.0
+    assert reply.server_time > f.T0 - 365 * 86400
+
+
+def test_concurrent_agents_all_stored(server: BackgroundServer) -> None:
+    job = f.new_job_id()
+    world = 8
+    per_rank = f.dp_job_steps(world, range(20))
+
+    def agent(rank: int) -> None:
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            stub = pb_grpc.IngestStub(channel)
+            for seq in range(1, 5):
+                chunk = per_rank[rank][(seq - 1) * 5 : seq * 5]
+                assert stub.Push(f.batch(job, rank, world, seq=seq, steps=chunk)).accepted == 5
+
+    threads = [threading.Thread(target=agent, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _count(server, StepRecord) == world * 20

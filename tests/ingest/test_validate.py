@@ -1,0 +1,103 @@
+"""Validation keeps the valid records of a batch and names what is wrong with the rest."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from smon.v1 import ingest_pb2 as pb
+from smon_server.ingest import validate as v
+
+from tests import factories as f
+
+LIMITS = v.Limits(max_batch_records=100, max_spans_per_step=16, max_duration_seconds=3600)
+
+
+def _batch_with(records: list[pb.StepRecord]) -> pb.Batch:
+    return f.batch("job", 0, 2, steps=records)
+
+
+def good(step: int) -> pb.StepRecord:
+    return f.dp_step(step, start=f.T0 + step)
+
+
+def test_valid_batch_keeps_every_record_and_shifts_to_server_clock() -> None:
+    b = _batch_with([good(0), good(1)])
+    b.clock_offset = 2.5
+    out = v.validate_batch(b, LIMITS)
+    assert out.rejections == []
+    assert [row["step"] for row in out.steps] == [0, 1]
+    assert out.steps[0]["start_time"] == pytest.approx(f.T0 + 2.5)
+    # span starts are stored relative to the step start, so the offset does not touch them
+    assert out.steps[0]["spans"][0][:2] == ["data_wait", 0.0]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda r: setattr(r, "step", -1), v.NEGATIVE_STEP),
+        (lambda r: setattr(r, "duration", math.nan), v.NON_FINITE),
+        (lambda r: r.phases.__setitem__("forward", math.inf), v.NON_FINITE),
+        (lambda r: setattr(r.spans[1], "duration", -0.5), v.NEGATIVE_DURATION),
+        (lambda r: setattr(r, "duration", 1e9), v.ABSURD_DURATION),
+        (lambda r: setattr(r, "end_time", r.start_time - 10), v.END_BEFORE_START),
+        (lambda r: setattr(r, "start_time", 0.0), v.BAD_TIME),
+        (lambda r: r.spans.extend([pb.Span(kind="x", start=r.start_time)] * 20), v.TOO_MANY_SPANS),
+        (lambda r: r.phases.__setitem__("", 0.1), v.BAD_NAME),
+    ],
+)
+def test_bad_record_is_rejected_and_neighbours_kept(mutate, reason: str) -> None:
+    bad = good(1)
+    mutate(bad)
+    out = v.validate_batch(_batch_with([good(0), bad, good(2)]), LIMITS)
+    assert [row["step"] for row in out.steps] == [0, 2]
+    assert [(r.kind, r.index, r.reason) for r in out.rejections] == [("step", 1, reason)]
+
+
+def test_duplicate_step_in_one_batch_is_rejected_once() -> None:
+    out = v.validate_batch(_batch_with([good(3), good(3)]), LIMITS)
+    assert len(out.steps) == 1
+    assert [r.reason for r in out.rejections] == [v.DUPLICATE_STEP]
+
+
+def test_records_over_the_batch_limit_are_rejected_not_dropped_silently() -> None:
+    limits = v.Limits(max_batch_records=3)
+    out = v.validate_batch(_batch_with([good(i) for i in range(5)]), limits)
+    assert len(out.steps) == 3
+    assert [r.reason for r in out.rejections] == [v.BATCH_TOO_LARGE] * 2
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda b: setattr(b, "agent_id", ""), v.MISSING_AGENT_ID),
+        (lambda b: setattr(b, "seq", 0), v.MISSING_SEQ),
+        (lambda b: setattr(b.coords, "job", ""), v.MISSING_JOB),
+        (lambda b: setattr(b.coords, "rank", 5), v.BAD_COORDINATES),
+        (lambda b: setattr(b, "clock_offset", math.nan), v.BAD_CLOCK_OFFSET),
+    ],
+)
+def test_batch_without_identity_is_rejected_whole(mutate, reason: str) -> None:
+    b = _batch_with([good(0)])
+    mutate(b)
+    with pytest.raises(v.BatchRejected) as info:
+        v.validate_batch(b, LIMITS)
+    assert info.value.reason == reason
+
+
+def test_gpu_samples_validated_per_sample() -> None:
+    ok = pb.GpuSample(time=f.T0, gpu_index=0, sm_clock_mhz=1400, temperature_c=70)
+    nan = pb.GpuSample(time=f.T0, gpu_index=1, power_w=math.nan)
+    negative = pb.GpuSample(time=f.T0, gpu_index=2, gpu_util=-1)
+    b = f.batch("job", 0, 1, gpu_samples=[ok, nan, negative])
+    out = v.validate_batch(b, LIMITS)
+    assert [row["gpu_index"] for row in out.gpu_samples] == [0]
+    assert out.gpu_samples[0]["power_w"] is None  # unset fields stay unknown, not zero
+    assert [r.reason for r in out.rejections] == [v.NON_FINITE, v.NEGATIVE_VALUE]
+
+
+def test_unknown_fields_are_counted_not_fatal() -> None:
+    data = _batch_with([good(0)]).SerializeToString() + bytes([0xF8, 0x06, 0x01])  # field 111
+    out = v.validate_batch(pb.Batch.FromString(data), LIMITS)
+    assert out.unknown_fields == 1
+    assert len(out.steps) == 1
