@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import Connection
+
 from smon_server.settings import Settings
 from smon_server.store.db import make_engine
 from smon_server.store.models import Base
-from sqlalchemy import Connection
 
 config = context.config
 target_metadata = Base.metadata

@@ -8,12 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
 from smon_server.runtime import BackgroundServer
 from smon_server.settings import Settings
 from smon_server.store import migrate
 from smon_server.store.db import Database
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from sqlalchemy import func, select
+
 from smon.v1 import ingest_pb2 as pb
 from smon.v1 import ingest_pb2_grpc as pb_grpc
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Agent, GpuSample, IngestedBatch, Job, StepRecord
-from sqlalchemy import func, select
-
 from tests import factories as f
 from tests.conftest import server_settings
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+
 from smon_server.store import migrate
 from smon_server.store.db import Database
 from smon_server.store.models import Base

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import time
+from pathlib import Path
 
-import smon
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
+
+import smon
 
 
 class SyntheticDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -75,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-delay", type=float, default=0.0, help="extra seconds per batch")
     p.add_argument("--gc-rank", type=int, default=-1, help="rank that runs a full GC often")
     p.add_argument("--gc-every", type=int, default=5)
+    p.add_argument("--report", type=Path, help="write this rank's own step times (JSON) here")
     return p.parse_args(argv)
 
 
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     smon.attach(model=model, optimizer=optimizer, dataloader=loader)  # the one line
 
     garbage: list[object] = []
+    step_times: list[float] = []
+    tick = time.perf_counter()
     for step, (x, y) in enumerate(loader):
         if step >= args.steps:
             break
@@ -108,7 +114,13 @@ def main(argv: list[str] | None = None) -> None:
             garbage = [[{"i": i} for i in range(2000)] for _ in range(20)]
             gc.collect()
         optimizer.step()
+        now = time.perf_counter()
+        step_times.append(now - tick)
+        tick = now
     del garbage
+    if args.report:
+        args.report.mkdir(parents=True, exist_ok=True)
+        (args.report / f"rank{rank}.json").write_text(json.dumps({"step_times": step_times}))
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0 and os.environ.get("SMON_DEMO_QUIET") != "1":

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
-from smon.v1 import ingest_pb2 as pb
 
+from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest.validate import BatchRejected, Limits, ValidBatch, validate_batch
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.store.db import Database

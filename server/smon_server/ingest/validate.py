@@ -12,6 +12,7 @@ from typing import Any
 
 from google.protobuf import unknown_fields
 from google.protobuf.message import Message
+
 from smon.v1 import ingest_pb2 as pb
 
 # Reasons (stable strings: they appear in Acks and in smon_ingest_rejected_total{reason}).
