@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from smon_server.analysis import engine
+from smon_server.analysis import live
 from smon_server.analysis.from_steps import build_op_table, complete_steps
 from smon_server.analysis.liveness import JobState, Liveness, job_liveness
+from smon_server.analysis.signals import GpuHealth, HangState, RankPosition
 from smon_server.settings import Settings
 from smon_server.store import queries
 from smon_server.store.models import Agent, AnalysisResult, GpuSample, Job
@@ -73,13 +74,19 @@ def analyze_job(
     if window_start is not None and window_end is not None:
         elapsed_hours = (window_end - window_start) / 3600.0
 
-    analysis = engine.run(
+    worker_ranks: dict[tuple[int, int], list[int]] = {}
+    for a in agents:
+        worker_ranks.setdefault((a.dp_rank, a.pp_rank), []).append(a.rank)
+    analysis = live.analyze_live(
         build_op_table(rows) if rows else None,
         gpus=gpus,
         elapsed_hours=elapsed_hours,
         hosts=hosts,
         health=health,
-        liveness=liveness,
+        hang=_hang_state(liveness, settings.stall_seconds),
+        worker_ranks=worker_ranks,
+        job_id=job.job_id,
+        world_size=job.world_size,
     )
     summary = analysis.summary
     summary.update(
@@ -149,12 +156,12 @@ def phase_heatmap(
     return {"ranks": ranks, "steps": steps, "values": values}
 
 
-def _gpu_health(samples: Sequence[GpuSample], agents: Sequence[Agent]) -> dict[int, engine.GpuHealth]:
+def _gpu_health(samples: Sequence[GpuSample], agents: Sequence[Agent]) -> dict[int, GpuHealth]:
     """Per rank: how often its GPU throttled, its SM clock vs max, and its error counts."""
     by_rank: dict[int, list[GpuSample]] = {}
     for s in samples:
         by_rank.setdefault(s.rank, []).append(s)
-    out: dict[int, engine.GpuHealth] = {}
+    out: dict[int, GpuHealth] = {}
     for rank, rows in by_rank.items():
         throttled = [
             s.throttle_reasons is not None and bool(s.throttle_reasons & THROTTLE_BITS) for s in rows
@@ -165,7 +172,7 @@ def _gpu_health(samples: Sequence[GpuSample], agents: Sequence[Agent]) -> dict[i
             if s.sm_clock_mhz is not None and s.sm_clock_max_mhz
         ]
         ecc = [s.ecc_uncorrected for s in rows if s.ecc_uncorrected is not None]
-        out[rank] = engine.GpuHealth(
+        out[rank] = GpuHealth(
             samples=len(rows),
             throttled_fraction=sum(throttled) / len(rows),
             sm_clock_ratio=float(np.mean(ratios)) if ratios else None,
@@ -175,4 +182,12 @@ def _gpu_health(samples: Sequence[GpuSample], agents: Sequence[Agent]) -> dict[i
     return out
 
 
-__all__ = ["Liveness", "accumulate_waste", "analyze_job", "needs_refresh", "phase_heatmap"]
+def _hang_state(liveness: Liveness, stall_seconds: float) -> HangState | None:
+    if liveness.state is not JobState.STALLED:
+        return None
+    return HangState(
+        stalled=True,
+        seconds_since_step=liveness.seconds_since_step,
+        positions=tuple(RankPosition(p.rank, p.step, p.phase, p.host) for p in liveness.positions),
+        threshold_seconds=stall_seconds,
+    )

@@ -80,3 +80,33 @@ class OpTable:
             return self.op_types.index(name)
         except ValueError:
             return -1
+
+    def take(self, rows: np.ndarray) -> OpTable:
+        """The same table restricted to `rows` (a boolean mask or an index array)."""
+        return OpTable(
+            op_types=self.op_types,
+            dp_rank=self.dp_rank[rows],
+            stage=self.stage[rows],
+            step=self.step[rows],
+            op_type=self.op_type[rows],
+            seq_id=self.seq_id[rows],
+            chunk=self.chunk[rows],
+            microbatch=self.microbatch[rows],
+            start=self.start[rows],
+            duration=self.duration[rows],
+            rank=self.rank[rows],
+            seq_sq=self.seq_sq[rows] if self.seq_sq.shape[0] == len(self) else self.seq_sq,
+        )
+
+
+def p2p_family(op_type: str) -> str:
+    """Attribution name of an op type: the four p2p kinds fold into forward- / backward-pp-comm.
+
+    A combined Megatron call (send_forward_recv_backward) is recorded as a forward-send and a
+    backward-recv; grouping by direction keeps both halves of one transfer under one name.
+    """
+    if op_type in (FORWARD_SEND, FORWARD_RECV):
+        return "forward-pp-comm"
+    if op_type in (BACKWARD_SEND, BACKWARD_RECV):
+        return "backward-pp-comm"
+    return op_type

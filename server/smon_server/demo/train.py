@@ -16,6 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,24 +43,41 @@ class SyntheticDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.x[index], self.y[index]
 
 
-class Straggle(nn.Module):
-    """Sleeps in forward: a stand-in for a slow GPU on one rank."""
+class _KernelTime(torch.autograd.Function):
+    """Waits like a GPU kernel would: wall time passes, the CPU stays free for other ranks."""
 
-    def __init__(self, delay: float) -> None:
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, forward_s: float, backward_s: float) -> torch.Tensor:
+        ctx.backward_s = backward_s
+        time.sleep(forward_s)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        time.sleep(ctx.backward_s)
+        return grad, None, None
+
+
+class SimulatedDevice(nn.Module):
+    """Stands in for accelerator time: with 4 ranks on a 2-core CPU, real arithmetic would make
+    every rank a straggler by turns (time slicing); sleeping does not. `extra` is the straggler's
+    additional forward time (a slow GPU)."""
+
+    def __init__(self, forward_s: float, extra: float) -> None:
         super().__init__()
-        self.delay = delay
+        self.forward_s = forward_s + extra
+        self.backward_s = 2 * forward_s
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.delay:
-            time.sleep(self.delay)
-        return x
+        out: torch.Tensor = _KernelTime.apply(x, self.forward_s, self.backward_s)
+        return out
 
 
-def build_model(features: int, hidden: int, delay: float) -> nn.Module:
+def build_model(features: int, hidden: int, device_s: float, delay: float) -> nn.Module:
     return nn.Sequential(
         nn.Linear(features, hidden),
         nn.ReLU(),
-        Straggle(delay),
+        SimulatedDevice(device_s, delay),
         nn.Linear(hidden, hidden),
         nn.ReLU(),
         nn.Linear(hidden, 1),
@@ -72,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--features", type=int, default=64)
     p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--device-ms", type=float, default=20.0, help="simulated forward kernel time")
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--delay", type=float, default=0.0, help="extra seconds per forward")
     p.add_argument("--slow-data-rank", type=int, default=-1)
@@ -90,7 +109,12 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
 
     model = DistributedDataParallel(
-        build_model(args.features, args.hidden, args.delay if rank == args.slow_rank else 0.0)
+        build_model(
+            args.features,
+            args.hidden,
+            args.device_ms / 1000,
+            args.delay if rank == args.slow_rank else 0.0,
+        )
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     per_item = args.data_delay / args.batch_size if rank == args.slow_data_rank else 0.0

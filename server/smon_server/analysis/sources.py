@@ -1,0 +1,73 @@
+"""Where each replay variant takes its durations from: measured D, idealised D*, or a mix.
+
+A what-if variant is "D* everywhere except slice X measured" (add-back) or "D everywhere except X
+idealised" (removal); both are a boolean *restore* mask over (slot, DP replica). Sources add a
+slot's durations for a whole batch of variants in one or two array operations.
+
+`ReplicaSource` is the add-back by DP rank: with every other rank ideal, all other replicas are
+identical (same program, same D*), so each variant needs only two replicas — the restored rank
+and one ideal stand-in — instead of all of them. DP-spanning groups still see both through the
+maximum over the replica axis.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class IdealSource:
+    """D* everywhere: one scalar per slot (the same on every step and replica)."""
+
+    def __init__(self, ideal: np.ndarray) -> None:
+        self.ideal = ideal
+
+    def add(self, slot: int, start: np.ndarray, out: np.ndarray) -> None:
+        np.add(start, self.ideal[slot], out=out)
+
+
+class MaskedSource:
+    """Batch shape [variant, step, dp]: variant v is measured where restore[v, slot, dp]."""
+
+    def __init__(self, measured: np.ndarray, ideal: np.ndarray, restore: np.ndarray) -> None:
+        self.measured = measured  # [n_slots, n_steps, n_dp]
+        self.ideal = ideal.astype(measured.dtype)
+        per_variant = np.asarray(restore.all(axis=2) | ~restore.any(axis=2))  # uniform over DP
+        self.kind: list[int] = []
+        self.mask: list[np.ndarray | None] = []
+        for j in range(restore.shape[1]):
+            r = restore[:, j, :]
+            if not r.any():
+                self.kind.append(0)
+                self.mask.append(None)
+            elif r.all():
+                self.kind.append(1)
+                self.mask.append(None)
+            elif per_variant[:, j].all():
+                self.kind.append(2)
+                self.mask.append(r[:, :1, None])  # [V, 1, 1]
+            else:
+                self.kind.append(2)
+                self.mask.append(r[:, None, :])  # [V, 1, dp]
+
+    def add(self, slot: int, start: np.ndarray, out: np.ndarray) -> None:
+        kind = self.kind[slot]
+        if kind == 1:
+            np.add(start, self.measured[slot], out=out)
+            return
+        ideal = self.ideal[slot]
+        np.add(start, ideal, out=out)
+        if kind == 2:
+            np.add(out, self.measured[slot] - ideal, out=out, where=self.mask[slot])
+
+
+class ReplicaSource:
+    """Batch shape [dp rank restored, step, 2]: replica 0 is that rank, measured; replica 1 is
+    the ideal stand-in for every other rank."""
+
+    def __init__(self, measured: np.ndarray, ideal: np.ndarray) -> None:
+        self.measured = measured  # [n_slots, n_steps, n_variants]
+        self.ideal = ideal.astype(measured.dtype)
+
+    def add(self, slot: int, start: np.ndarray, out: np.ndarray) -> None:
+        np.add(start[..., 0], self.measured[slot].T, out=out[..., 0])
+        np.add(start[..., -1], self.ideal[slot], out=out[..., 1])
