@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from smon_server.analysis.diagnosis import Diagnosis, diagnose
+from smon_server.analysis.diagnosis.base import DiagnosisConfig
 from smon_server.analysis.live import analyze_live
 from smon_server.analysis.ops import OpTable
 from smon_server.analysis.signals import GpuHealth, HangState, RankPosition, Signals
@@ -175,3 +176,13 @@ def test_live_glue() -> None:
         s["stragglers"][0]["slowdown"]
     )
     assert live.rank_slowdown["ranks"] == sorted(live.rank_slowdown["ranks"])
+
+
+def test_cause_must_be_worth_a_few_percent_of_the_step() -> None:
+    # A slow data loader that explains nearly all of a ~4% slowdown.
+    t = synthetic_table(SyntheticJob(dp=8, steps=20, slow_data={(2, 0): 0.0015}))
+    result = analyze(t)
+    assert 1.03 < result.slowdown < 1.05
+    assert causes(diagnose(t, result)) == ["data_loader"]
+    # Asking for a 5% floor, the same finding is not worth naming.
+    assert diagnose(t, result, config=DiagnosisConfig(min_excess=0.05)) == []

@@ -31,6 +31,9 @@ CAUSES = (
 @dataclass(frozen=True)
 class DiagnosisConfig:
     min_share: float = 0.1  # a straggler cause is named when it explains this much of S - 1
+    # ... and when that part is worth someone's time: share × (S - 1) of the ideal step time.
+    # The same 3% below which DESIGN §5 does not even attribute.
+    min_excess: float = 0.03
     microbatch_cv: float = 0.1  # micro-batch compute varying this much is beyond hardware noise
     mobile_worst: float = 0.5  # the per-step slowest worker is "moving" below this persistence
     seq_correlation: float = 0.9  # compute ~ Σ len² fit that names sequence imbalance

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from smon_server.analysis.diagnosis.base import HANG, Diagnosis, DiagnosisConfig, Facts
+from smon_server.analysis.diagnosis.base import CHECKPOINT_IO, HANG, Diagnosis, DiagnosisConfig, Facts
 from smon_server.analysis.diagnosis.hang import hang
 from smon_server.analysis.diagnosis.phases import checkpoint_io, communication, data_loader, python_gc
 from smon_server.analysis.diagnosis.pipeline import sequence_imbalance, stage_imbalance
@@ -34,9 +34,17 @@ def diagnose(
     """Named causes, worst first (by share, then confidence). Without a result (no complete step
     yet) only the heartbeat signals can say anything: that is the hang rule."""
     signals = signals or Signals()
+    config = config or DiagnosisConfig()
     found = hang(signals)
     if table is not None and result is not None:
-        facts = Facts(table=table, result=result, signals=signals, config=config or DiagnosisConfig())
-        found += [d for rule in RULES for d in rule(facts)]
+        facts = Facts(table=table, result=result, signals=signals, config=config)
+        found += [d for rule in RULES for d in rule(facts) if _material(d, facts.excess, config)]
     # A hang stops everything (share 1): it leads even against a full-share straggler cause.
     return sorted(found, key=lambda d: (-d.share, d.cause != HANG, -d.confidence))
+
+
+def _material(d: Diagnosis, excess: float, config: DiagnosisConfig) -> bool:
+    """A few percent of jitter on a healthy job is not a cause to page anyone about."""
+    if d.cause == CHECKPOINT_IO:  # its share is already a fraction of step time
+        return d.share >= config.min_excess
+    return d.share * excess >= config.min_excess
