@@ -39,19 +39,26 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background
 
 
 def run_job(
-    args: list[str], *, env: dict[str, str], report: Path, timeout: float = 240
+    args: list[str],
+    *,
+    env: dict[str, str],
+    report: Path | None = None,
+    timeout: float = 240,
+    module: str = "smon_server.demo.train",
+    steps: int = STEPS,
 ) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "SMON_DEMO_QUIET": "1", **env}
-    command = training_command(RANKS, ["--steps", str(STEPS), "--report", str(report), *args])
+    extra = ["--report", str(report)] if report else []
+    command = training_command(RANKS, ["--steps", str(steps), *extra, *args], module=module)
     return subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def analysed_summary(server: BackgroundServer, job: str) -> dict[str, Any]:
+def analysed_summary(server: BackgroundServer, job: str, steps: int = STEPS) -> dict[str, Any]:
     """Wait until every rank's last step is stored, run an analysis pass, read the summary."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         jobs = {j["job_id"]: j for j in httpx.get(f"{server.http_url}/api/v1/jobs").json()["jobs"]}
-        if jobs.get(job, {}).get("last_step") == STEPS - 1:
+        if jobs.get(job, {}).get("last_step") == steps - 1:
             break
         time.sleep(0.2)
     assert server.context is not None

@@ -24,8 +24,8 @@ from smon_server.settings import Settings
 console = Console()
 
 
-def training_command(ranks: int, args: list[str]) -> list[str]:
-    """torchrun (as `python -m torch.distributed.run`) on the demo training script."""
+def training_command(ranks: int, args: list[str], module: str = "smon_server.demo.train") -> list[str]:
+    """torchrun (as `python -m torch.distributed.run`) on a demo training script."""
     return [
         sys.executable,
         "-m",
@@ -33,7 +33,7 @@ def training_command(ranks: int, args: list[str]) -> list[str]:
         "--standalone",
         f"--nproc-per-node={ranks}",
         "-m",
-        "smon_server.demo.train",
+        module,
         *args,
     ]
 

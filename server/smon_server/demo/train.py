@@ -16,7 +16,6 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
 import smon
+from smon_server.demo.device import SimulatedDevice
 
 
 class SyntheticDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -43,41 +43,11 @@ class SyntheticDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.x[index], self.y[index]
 
 
-class _KernelTime(torch.autograd.Function):
-    """Waits like a GPU kernel would: wall time passes, the CPU stays free for other ranks."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, forward_s: float, backward_s: float) -> torch.Tensor:
-        ctx.backward_s = backward_s
-        time.sleep(forward_s)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        time.sleep(ctx.backward_s)
-        return grad, None, None
-
-
-class SimulatedDevice(nn.Module):
-    """Stands in for accelerator time: with 4 ranks on a 2-core CPU, real arithmetic would make
-    every rank a straggler by turns (time slicing); sleeping does not. `extra` is the straggler's
-    additional forward time (a slow GPU)."""
-
-    def __init__(self, forward_s: float, extra: float) -> None:
-        super().__init__()
-        self.forward_s = forward_s + extra
-        self.backward_s = 2 * forward_s
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = _KernelTime.apply(x, self.forward_s, self.backward_s)
-        return out
-
-
 def build_model(features: int, hidden: int, device_s: float, delay: float) -> nn.Module:
     return nn.Sequential(
         nn.Linear(features, hidden),
         nn.ReLU(),
-        SimulatedDevice(device_s, delay),
+        SimulatedDevice(device_s, extra=delay),
         nn.Linear(hidden, hidden),
         nn.ReLU(),
         nn.Linear(hidden, 1),

@@ -107,13 +107,20 @@ def sequence_imbalance(f: Facts) -> list[Diagnosis]:
     worst = np.where(np.isnan(per_step), -np.inf, per_step).argmax(axis=0)  # NaN: missing worker
     n_steps = worst.shape[0]
     persistence = float(np.bincount(worst).max() / n_steps)
-    moving = n_steps >= 3 and persistence < f.config.mobile_worst
+    # Which DP replica holds the slowest worker: a persistent straggler keeps it near 1, a random
+    # one near 1 / dp. "Moving" is below the midpoint (never stricter than `mobile_worst`), so
+    # two replicas, where chance alone gives 0.5, can still show it.
+    n_dp = a.worker_step.shape[0]
+    dp_persistence = float(np.bincount(worst // a.worker_step.shape[1]).max() / n_steps)
+    threshold = max(f.config.mobile_worst, (1.0 + 1.0 / max(n_dp, 1)) / 2.0)
+    moving = n_steps >= 3 and n_dp >= 2 and dp_persistence < threshold
     varying = cv_within >= f.config.microbatch_cv and cv_between < cv_within
     evidence: dict[str, Any] = {
         "transient_share": num(share),
         "microbatch_cv": num(cv_within),
         "worker_cv": num(cv_between),
         "slowest_worker_persistence": num(persistence),
+        "slowest_replica_persistence": num(dp_persistence),
         "distinct_slowest_workers": len(np.unique(worst)),
     }
     corr = _length_correlation(f)
