@@ -1,0 +1,3 @@
+"""The agent's version, sent in Coordinates.agent_version."""
+
+__version__ = "0.1.0"

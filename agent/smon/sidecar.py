@@ -1,0 +1,126 @@
+"""The shipper process, `python -m smon.sidecar`: started by the agent of one training rank.
+
+It reads the configuration and then record envelopes from its stdin (see pipe_protocol.py),
+ships them with a `LocalOutlet` (the gRPC `Shipper`), and writes its status to stdout once
+every 0.2 s. It ends when the training process asks it to close (then its last batch is marked
+`final`), or when its stdin reaches end-of-file / the training process is gone (not final: the
+training process died); either way it first flushes for at most the flush timeout.
+
+It ignores SIGINT (Ctrl-C reaches the whole process group; the training process decides when
+shipping stops) and runs at a lower CPU priority than training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+from typing import Any
+
+from smon.config import AgentConfig
+from smon.errors import ErrorCounter
+from smon.outlet import LocalOutlet
+from smon.pipe_protocol import CONTROL, ENVELOPE, read_frame
+from smon.v1 import ingest_pb2 as pb
+
+logger = logging.getLogger("smon")
+
+STATUS_INTERVAL = 0.2
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+class _StatusWriter:
+    """Periodic JSON status lines on stdout."""
+
+    def __init__(self, outlet: LocalOutlet) -> None:
+        self._outlet = outlet
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="smon-status", daemon=True)
+        self._thread.start()
+
+    def write(self, **extra: Any) -> None:
+        line = json.dumps({**self._outlet.status(), **extra}) + "\n"
+        with self._lock, contextlib.suppress(OSError):
+            os.write(1, line.encode())
+
+    def _run(self) -> None:
+        while not self._stop.wait(STATUS_INTERVAL):
+            self.write()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(1.0)
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    first = read_frame(0)
+    if first is None or first[0] != CONTROL:
+        return 2
+    spec = json.loads(first[1])
+    config = AgentConfig(**spec["config"])
+    coords = pb.Coordinates.FromString(bytes.fromhex(spec["coords"]))
+    parent_pid = int(spec.get("parent_pid", os.getppid()))
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"%(message)s [smon shipper, rank {coords.rank}]"))
+    logger.addHandler(handler)
+    logger.setLevel(os.environ.get("SMON_LOG_LEVEL", "WARNING").upper())
+    logger.propagate = False
+
+    errors = ErrorCounter()
+    outlet = LocalOutlet(config, coords, errors, agent_id=spec["agent_id"])
+    status = _StatusWriter(outlet)
+    close_request: dict[str, Any] | None = None
+    try:
+        while True:
+            readable, _, _ = select.select([0], [], [], 1.0)
+            if not readable:
+                if os.getppid() != parent_pid:
+                    break  # the training process is gone without closing its end
+                continue
+            frame = read_frame(0)
+            if frame is None:
+                break
+            kind, payload = frame
+            if kind == ENVELOPE:
+                try:
+                    outlet.send(pb.Batch.FromString(payload))
+                except Exception as exc:
+                    errors.report("sidecar_envelope", exc)
+            elif kind == CONTROL:
+                message = json.loads(payload)
+                if "close" in message:
+                    close_request = message["close"]
+                    break
+    except _Terminated:
+        pass
+    except Exception as exc:
+        errors.report("sidecar", exc)
+    timeout = float(close_request["timeout"]) if close_request else config.flush_timeout
+    final = bool(close_request and close_request.get("final", True))
+    delivered = False
+    with contextlib.suppress(_Terminated):
+        delivered = outlet.close(timeout, final=final)
+    status.stop()
+    status.write(done=True, delivered=delivered)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

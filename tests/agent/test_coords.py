@@ -1,0 +1,141 @@
+"""Coordinates and job id: arguments > environment > detection (DeviceMesh, Megatron) > defaults."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from smon.coords import process_identity, resolve_job, resolve_parallel
+
+NONE = {"dp_rank": None, "pp_rank": None, "tp_rank": None, "dp_size": None, "pp_size": None, "tp_size": None}
+
+
+def identity(monkeypatch: pytest.MonkeyPatch, rank: int, world: int, local: int | None = None):
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    if local is not None:
+        monkeypatch.setenv("LOCAL_RANK", str(local))
+    return process_identity()
+
+
+def test_torchrun_environment(monkeypatch):
+    ident = identity(monkeypatch, 5, 8, 1)
+    assert (ident.rank, ident.world_size, ident.local_rank) == (5, 8, 1)
+
+
+def test_default_is_pure_data_parallel(monkeypatch):
+    p = resolve_parallel(identity(monkeypatch, 5, 8), explicit=NONE)
+    assert (p.dp_rank, p.dp_size, p.pp_rank, p.pp_size, p.tp_rank, p.tp_size) == (5, 8, 0, 1, 0, 1)
+    assert p.source == "default"
+
+
+def test_sizes_alone_give_megatron_order_ranks(monkeypatch):
+    monkeypatch.setenv("SMON_TP_SIZE", "2")
+    monkeypatch.setenv("SMON_PP_SIZE", "2")
+    p = resolve_parallel(identity(monkeypatch, 7, 8), explicit=NONE)  # tp fastest, then dp, then pp
+    assert (p.tp_rank, p.dp_rank, p.dp_size, p.pp_rank) == (1, 1, 2, 1)
+
+
+def test_arguments_beat_environment_beat_detection(monkeypatch):
+    monkeypatch.setenv("SMON_DP_RANK", "3")
+    monkeypatch.setenv("SMON_PP_RANK", "1")
+    ps = types.ModuleType("megatron.core.parallel_state")
+    ps.model_parallel_is_initialized = lambda: True  # type: ignore[attr-defined]
+    for name, value in [
+        ("data_parallel_rank", 6),
+        ("data_parallel_world_size", 8),
+        ("pipeline_model_parallel_rank", 2),
+        ("pipeline_model_parallel_world_size", 4),
+        ("tensor_model_parallel_rank", 1),
+        ("tensor_model_parallel_world_size", 2),
+        ("context_parallel_rank", 1),
+        ("context_parallel_world_size", 2),
+    ]:
+        setattr(ps, f"get_{name}", lambda v=value: v)
+    monkeypatch.setitem(sys.modules, "megatron.core.parallel_state", ps)
+    p = resolve_parallel(identity(monkeypatch, 0, 64), explicit={**NONE, "dp_rank": 9})
+    assert p.dp_rank == 9  # argument
+    assert p.pp_rank == 1  # environment
+    assert (p.dp_size, p.pp_size) == (8, 4)  # Megatron
+    assert (p.tp_rank, p.tp_size) == (1 * 2 + 1, 4)  # cp folded into tp
+    assert p.source == "arguments+environment+megatron"
+
+
+def test_uninitialized_megatron_is_ignored(monkeypatch):
+    ps = types.ModuleType("megatron.core.parallel_state")
+    ps.model_parallel_is_initialized = lambda: False  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "megatron.core.parallel_state", ps)
+    assert resolve_parallel(identity(monkeypatch, 2, 4), explicit=NONE).source == "default"
+
+
+class FakeMesh:
+    """DeviceMesh-shaped: named dims, their sizes and this rank's coordinate on each."""
+
+    def __init__(self, dims: dict[str, tuple[int, int]]) -> None:
+        self.mesh_dim_names = tuple(dims)
+        self._dims = dims
+
+    def size(self, dim: int) -> int:
+        return self._dims[self.mesh_dim_names[dim]][0]
+
+    def get_local_rank(self, dim: int) -> int:
+        return self._dims[self.mesh_dim_names[dim]][1]
+
+
+def test_device_mesh_dims_fold_into_dp_pp_tp(monkeypatch):
+    mesh = FakeMesh({"pp": (2, 1), "dp_replicate": (2, 1), "dp_shard": (4, 2), "cp": (2, 0), "tp": (2, 1)})
+    p = resolve_parallel(identity(monkeypatch, 0, 64), explicit=NONE, mesh=mesh)
+    assert (p.pp_rank, p.pp_size) == (1, 2)
+    assert (p.dp_rank, p.dp_size) == (1 * 4 + 2, 8)
+    assert (p.tp_rank, p.tp_size) == (0 * 2 + 1, 4)
+    assert p.source == "device_mesh"
+
+
+def test_real_device_mesh(monkeypatch):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from tests.agent.conftest import unused_port
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(unused_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+        p = resolve_parallel(identity(monkeypatch, 0, 1), explicit=NONE, mesh=mesh)
+        assert (p.dp_rank, p.dp_size, p.tp_rank, p.tp_size, p.source) == (0, 1, 0, 1, "device_mesh")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_job_id_sources(monkeypatch):
+    ident = identity(monkeypatch, 0, 1)
+    assert resolve_job("given", ident) == "given"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default: not an id
+    assert resolve_job(None, ident).startswith(ident.host)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-42")
+    assert resolve_job(None, ident) == "run-42"
+    monkeypatch.setenv("SMON_JOB", "mine")
+    assert resolve_job(None, ident) == "mine"
+
+
+def test_generated_job_id_agrees_across_ranks(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "node0")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    ids = {resolve_job(None, identity(monkeypatch, r, 4)) for r in range(4)}
+    assert len(ids) == 1 and next(iter(ids)).startswith("job-")
+
+
+def test_coordinates_travel_with_every_batch(ingest, attach_fast, monkeypatch):
+    identity(monkeypatch, 3, 4, 1)
+    monkeypatch.setenv("SMON_PP_RANK", "1")
+    monkeypatch.setenv("SMON_PP_SIZE", "2")
+    mon = attach_fast(server=ingest.address, job="coords-job")
+    mon.step()
+    mon.close()
+    coords = ingest.servicer.snapshot()[0].coords
+    assert (coords.job, coords.rank, coords.world_size, coords.local_rank) == ("coords-job", 3, 4, 1)
+    assert (coords.dp_rank, coords.dp_size, coords.pp_rank, coords.pp_size) == (1, 2, 1, 2)
+    assert coords.host and coords.pid and coords.agent_version

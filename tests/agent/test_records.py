@@ -1,0 +1,73 @@
+"""RawStep -> StepRecord arithmetic and the step tracker's bounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from smon.records import covered_seconds, to_step_record
+from smon.steps import RawStep, StepTracker
+from smon.timing import HostClock
+
+
+def test_covered_seconds_is_the_union_clipped_to_the_step():
+    assert covered_seconds([], 0, 1) == 0
+    assert covered_seconds([(0.1, 0.3), (0.2, 0.4), (0.5, 0.6)], 0, 1) == pytest.approx(0.4)
+    assert covered_seconds([(-1.0, 0.2), (0.9, 2.0)], 0, 1) == pytest.approx(0.3)
+    assert covered_seconds([(0.1, 0.9), (0.2, 0.3)], 0, 1) == pytest.approx(0.8)
+
+
+def raw_step(spans, gc_pauses=(), start=100.0, end=101.0) -> RawStep:
+    return RawStep(
+        step=4,
+        clock=HostClock(),
+        wall_anchor=1_700_000_000.0,
+        start=start,
+        end=end,
+        spans=list(spans),
+        gc_pauses=list(gc_pauses),
+    )
+
+
+def test_step_record_fields():
+    record = to_step_record(
+        raw_step(
+            [
+                ("forward", 100.1, 100.4, 0, 0),
+                ("backward", 100.4, 100.8, 0, 0),
+                ("custom", 100.2, 100.3, None, 1),
+            ],
+            gc_pauses=[(100.5, 0.05), (100.6, 0.0001)],
+        )
+    )
+    assert record is not None
+    assert (record.step, record.duration) == (4, pytest.approx(1.0))
+    assert record.start_time == pytest.approx(1_700_000_100.0)
+    assert record.end_time == pytest.approx(1_700_000_101.0)
+    assert [s.kind for s in record.spans] == ["forward", "custom", "backward", "gc"]  # by start
+    assert record.spans[1].chunk == 1 and not record.spans[1].HasField("microbatch")
+    assert (record.gc_count, record.gc_seconds) == (2, pytest.approx(0.0501))
+    assert record.phases["gc"] == pytest.approx(0.0501)  # all pauses, short ones too
+    assert len([s for s in record.spans if s.kind == "gc"]) == 1  # only >= 1 ms becomes a span
+    assert record.phases["other"] == pytest.approx(1.0 - 0.7)  # custom and gc sit inside others
+
+
+def test_step_without_any_activity_starts_at_attach():
+    raws: list[RawStep] = []
+    tracker = StepTracker(HostClock(), raws.append, start_step=3)
+    tracker.end_step()
+    tracker.end_step()
+    assert [r.step for r in raws] == [3, 4] and raws[1].start is raws[0].end
+    beat = tracker.heartbeat()
+    assert (beat.last_step, beat.current_step, beat.phase) == (4, 5, "")
+
+
+def test_a_step_that_never_ends_keeps_memory_bounded(caplog):
+    from smon.steps import MAX_SPANS_PER_STEP
+
+    raws: list[RawStep] = []
+    said: list[int] = []
+    tracker = StepTracker(HostClock(), raws.append, on_overflow=said.append)
+    for _ in range(MAX_SPANS_PER_STEP + 100):
+        tracker.close("custom", tracker.open("custom"))
+    tracker.end_step()
+    assert len(raws[0].spans) == MAX_SPANS_PER_STEP and said == [0]

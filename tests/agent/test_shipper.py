@@ -1,0 +1,245 @@
+"""Shipping against a real gRPC server on loopback: batching, acks, resend, drops, flush, auth, clock."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from smon.shipper import backoff_delay
+from smon.v1 import ingest_pb2 as pb
+from tests.agent.conftest import unused_port
+from tests.agent.ingest_server import IngestServer, RecordingIngest
+
+
+def record_batches(servicer: RecordingIngest) -> list[pb.Batch]:
+    return [b for b in servicer.snapshot() if b.steps or b.gpu_samples]
+
+
+def test_batches_by_count_with_increasing_seq_and_acks(ingest, attach_fast):
+    mon = attach_fast(server=ingest.address, max_batch_records=10, flush_interval=0.5)
+    for _ in range(35):
+        mon.step()
+    assert ingest.servicer.wait_for(lambda s: s.step_numbers() == list(range(35)))
+    batches = record_batches(ingest.servicer)
+    assert all(len(b.steps) <= 10 for b in batches)
+    assert sum(len(b.steps) for b in batches) == 35  # each step stored once
+    seqs = [b.seq for b in ingest.servicer.snapshot()]
+    assert seqs[0] == 1 and seqs == sorted(set(seqs))
+    assert {b.agent_id for b in batches} == {batches[0].agent_id}
+    mon.close()
+    counters = mon.counters()
+    assert counters["acked_batches"] == len(batches) + 1  # and the final batch
+    assert counters["dropped_records"] == 0 and counters["errors"] == 0 and counters["queued"] == 0
+
+
+def test_batches_by_time(ingest, attach_fast):
+    mon = attach_fast(server=ingest.address, flush_interval=0.3, max_batch_records=1000)
+    for _ in range(5):
+        mon.step()
+        time.sleep(0.01)
+    ended = time.time()
+    assert ingest.servicer.wait_for(lambda s: len(s.step_numbers()) == 5)
+    batches = record_batches(ingest.servicer)
+    assert len(batches) <= 2  # five steps 10 ms apart share a batch
+    assert batches[-1].sent_time - ended < 1.0
+
+
+def test_resends_unacked_batch_with_same_seq_after_stream_drop(ingest, attach_fast):
+    ingest.servicer.drop_streams_on_records = 1
+    mon = attach_fast(server=ingest.address)
+    for _ in range(5):
+        mon.step()
+    assert ingest.servicer.wait_for(lambda s: len(record_batches(s)) >= 2)
+    assert ingest.servicer.step_numbers() == [0, 1, 2, 3, 4]
+    received = record_batches(ingest.servicer)
+    first = received[0]
+    again = [b for b in received[1:] if b.seq == first.seq]
+    assert again and again[0] == first  # resent unchanged, so the server can dedupe it
+    mon.close()
+    assert mon.counters()["resent_batches"] >= 1
+    assert mon.counters()["dropped_records"] == 0
+
+
+def test_no_step_lost_across_server_restart(attach_fast):
+    first = IngestServer(RecordingIngest()).start()
+    mon = attach_fast(server=first.address)
+    for _ in range(5):
+        mon.step()
+    assert first.servicer.wait_for(lambda s: len(s.step_numbers()) == 5)
+    first.servicer.ack = False  # the next batches arrive but are never acked...
+    for _ in range(5):
+        mon.step()
+    assert first.servicer.wait_for(lambda s: len(s.step_numbers()) == 10)
+    unacked = {b.seq: b for b in record_batches(first.servicer) if b.steps[0].step >= 5}
+    first.stop()  # ...and the server goes away
+    for _ in range(5):
+        mon.step()
+    time.sleep(0.2)
+    second = IngestServer(RecordingIngest(), port=first.port).start()
+    try:
+        assert second.servicer.wait_for(lambda s: set(range(5, 15)) <= set(s.step_numbers()))
+        resent = {b.seq: b for b in record_batches(second.servicer) if b.seq in unacked}
+        assert resent == unacked  # same seq, same content
+        mon.close()
+        assert set(first.servicer.step_numbers()) | set(second.servicer.step_numbers()) == set(range(15))
+    finally:
+        second.stop()
+
+
+def test_queue_full_drops_oldest_and_reports_the_count(attach_fast):
+    port = unused_port()
+    mon = attach_fast(server=f"127.0.0.1:{port}", queue_size=5)
+    for _ in range(20):
+        mon.step()
+    assert mon.counters()["dropped_records"] == 15
+    server = IngestServer(RecordingIngest(), port=port).start()
+    try:
+        assert server.servicer.wait_for(lambda s: s.step_numbers() == [15, 16, 17, 18, 19])
+        assert record_batches(server.servicer)[0].counters.dropped_records == 15
+    finally:
+        mon.close()
+        server.stop()
+
+
+def shipper_log(capfd) -> str:
+    """What the shipper process wrote to stderr (its log lines end with '[smon shipper, rank N]')."""
+    return capfd.readouterr().err
+
+
+def test_server_absent_for_the_whole_run(attach_fast, capfd):
+    mon = attach_fast(server=f"127.0.0.1:{unused_port()}", queue_size=50)
+    for _ in range(200):
+        mon.step()
+        with mon.phase("custom"):
+            pass
+    time.sleep(0.3)  # a few reconnect attempts
+    started = time.monotonic()
+    mon.close(timeout=0.5)
+    assert time.monotonic() - started < 2.5  # bounded flush, then give up
+    counters = mon.counters()
+    assert counters["dropped_records"] == 200  # most by the full queues, the rest at exit
+    assert counters["errors"] == 0
+    assert shipper_log(capfd).count("cannot reach") == 1  # said once, not per retry
+
+
+def test_close_flushes_what_it_holds(ingest, attach_fast):
+    # Intervals far longer than the test: only close() can make these steps go out.
+    mon = attach_fast(server=ingest.address, flush_interval=30, heartbeat_interval=30)
+    assert ingest.servicer.wait_for(lambda s: s.clock_calls > 0)
+    for _ in range(3):
+        mon.step()
+    started = time.monotonic()
+    mon.close(timeout=3)
+    assert time.monotonic() - started < 3
+    assert ingest.servicer.step_numbers() == [0, 1, 2]
+    assert mon.counters()["queued"] == 0
+
+
+def test_last_batch_is_marked_final(ingest, attach_fast):
+    mon = attach_fast(server=ingest.address)
+    mon.step()
+    mon.close()
+    batches = ingest.servicer.snapshot()
+    assert batches[-1].final and not batches[-1].steps
+    assert [b.seq for b in batches if b.final] == [batches[-1].seq]  # exactly one
+    assert ingest.servicer.step_numbers() == [0]
+
+
+def test_close_with_nothing_to_send_and_no_server_is_immediate(attach_fast):
+    mon = attach_fast(server=f"127.0.0.1:{unused_port()}")
+    started = time.monotonic()
+    mon.close(timeout=3)
+    assert time.monotonic() - started < 0.5
+
+
+def test_token_sent_as_bearer_metadata(attach_fast, monkeypatch):
+    server = IngestServer(RecordingIngest(token="s3cret")).start()
+    try:
+        monkeypatch.setenv("SMON_TOKEN", "s3cret")
+        mon = attach_fast(server=server.address)
+        mon.step()
+        assert server.servicer.wait_for(lambda s: s.step_numbers() == [0])
+        assert server.servicer.metadata[0]["authorization"] == "Bearer s3cret"
+        mon.close()
+    finally:
+        server.stop()
+
+
+def test_wrong_token_is_said_once_and_training_goes_on(attach_fast, capfd):
+    server = IngestServer(RecordingIngest(token="right")).start()
+    try:
+        mon = attach_fast(server=server.address, token="wrong")
+        for _ in range(3):
+            mon.step()
+        assert server.servicer.wait_for(lambda s: len(server.servicer.metadata) >= 3)
+        mon.close(timeout=0.3)
+        assert shipper_log(capfd).count("refused") == 1
+        assert server.servicer.steps() == []
+    finally:
+        server.stop()
+
+
+def test_heartbeat_while_no_step_completes(ingest, attach_fast):
+    mon = attach_fast(server=ingest.address, heartbeat_interval=0.05)
+    mon.step()  # step 0 done; step 1 hangs in a checkpoint
+    with mon.phase("checkpoint"):
+        entered = time.time()
+
+        def stuck(s: RecordingIngest) -> bool:
+            return any(
+                b.heartbeat.phase == "checkpoint" and b.heartbeat.time > entered + 0.15 for b in s.snapshot()
+            )
+
+        assert ingest.servicer.wait_for(stuck)
+    beat = next(b.heartbeat for b in ingest.servicer.snapshot() if b.heartbeat.phase == "checkpoint")
+    assert beat.last_step == 0 and beat.current_step == 1
+    assert beat.phase_since == pytest.approx(entered, abs=0.05)
+    assert ingest.servicer.step_numbers() == [0]
+
+
+def test_clock_offset_estimate(attach_fast):
+    server = IngestServer(RecordingIngest(clock_offset=5.0)).start()
+    try:
+        mon = attach_fast(server=server.address)
+        mon.step()
+        assert server.servicer.wait_for(lambda s: bool(s.steps()))
+        assert record_batches(server.servicer)[0].clock_offset == pytest.approx(5.0, abs=0.02)
+        assert server.servicer.clock_calls >= 3  # several round trips, the shortest wins
+        mon.close()
+    finally:
+        server.stop()
+
+
+def test_rejections_logged_once_per_reason_and_not_resent(ingest, attach_fast, capfd):
+    ingest.servicer.rejection = pb.Rejection(
+        kind="step", index=0, reason="negative_duration", detail="duration < 0"
+    )
+    mon = attach_fast(server=ingest.address)
+    for i in range(3):
+        mon.step()
+        assert ingest.servicer.wait_for(lambda s, n=i: len(s.step_numbers()) == n + 1)
+    mon.close()
+    assert shipper_log(capfd).count("negative_duration") == 1
+    assert mon.counters()["resent_batches"] == 0
+
+
+def test_batch_the_server_refuses_as_invalid_is_dropped_not_retried_forever(ingest, attach_fast):
+    ingest.servicer.drop_streams_on_records = 1
+    ingest.servicer.abort_code = grpc.StatusCode.INVALID_ARGUMENT
+    mon = attach_fast(server=ingest.address)
+    mon.step()
+    assert ingest.servicer.wait_for(lambda s: len(record_batches(s)) == 1)
+    mon.step()
+    assert ingest.servicer.wait_for(lambda s: 1 in s.step_numbers())
+    mon.close()
+    assert mon.counters()["dropped_records"] == 1
+    assert [len(b.steps) for b in record_batches(ingest.servicer)] == [1, 1]
+
+
+def test_backoff_is_jittered_exponential_and_capped():
+    assert backoff_delay(0, 0.5, 30, rng=lambda: 1.0) == 0.5
+    assert backoff_delay(3, 0.5, 30, rng=lambda: 1.0) == 4.0
+    assert backoff_delay(50, 0.5, 30, rng=lambda: 1.0) == 30.0
+    assert backoff_delay(5, 0.5, 30, rng=lambda: 0.25) == 4.0
