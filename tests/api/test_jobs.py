@@ -1,0 +1,211 @@
+"""The REST API over real stored data: batches pushed over gRPC, one analysis pass, then HTTP."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import httpx
+import pytest
+
+from smon.v1 import ingest_pb2 as pb
+from smon.v1 import ingest_pb2_grpc as pb_grpc
+from smon_server.analysis.loop import analysis_pass
+from smon_server.runtime import BackgroundServer
+from tests import factories as f
+from tests.conftest import server_settings
+
+WORLD = 4
+STEPS = 30
+SLOW_RANK = 2
+
+
+def push_job(server: BackgroundServer, job: str, **kwargs: float | int | None) -> None:
+    per_rank = f.dp_job_steps(WORLD, range(STEPS), origin=time.time() - 60, **kwargs)  # type: ignore[arg-type]
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = pb_grpc.IngestStub(channel)
+        for rank, records in per_rank.items():
+            ack = stub.Push(f.batch(job, rank, WORLD, steps=records, host=f"node-{rank}"))
+            assert ack.accepted == STEPS
+
+
+def analyse(server: BackgroundServer) -> None:
+    assert server.context is not None
+    analysis_pass(server.context, time.time())
+
+
+@pytest.fixture
+def client(server: BackgroundServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.http_url, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def slow_job(server: BackgroundServer) -> str:
+    job = f.new_job_id("slow")
+    push_job(server, job, slow_rank=SLOW_RANK, slow_forward=0.03)
+    analyse(server)
+    return job
+
+
+def test_probes(client: httpx.Client) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ok"}
+
+
+def test_jobs_list_has_the_contract_fields(client: httpx.Client, slow_job: str) -> None:
+    jobs = client.get("/api/v1/jobs").json()["jobs"]
+    job = next(j for j in jobs if j["job_id"] == slow_job)
+    assert set(job) == {
+        "job_id",
+        "state",
+        "world_size",
+        "last_step",
+        "slowdown",
+        "waste_fraction",
+        "gpu_hours_wasted",
+        "first_seen",
+        "last_seen",
+    }
+    assert job["state"] == "running"
+    assert (job["world_size"], job["last_step"]) == (WORLD, STEPS - 1)
+    assert job["slowdown"] > 1.1
+    assert job["waste_fraction"] == pytest.approx(1 - 1 / job["slowdown"])
+    assert job["gpu_hours_wasted"] > 0
+
+
+def test_summary_names_the_slow_rank(client: httpx.Client, slow_job: str) -> None:
+    s = client.get(f"/api/v1/jobs/{slow_job}/summary").json()
+    for key in (
+        "job_id",
+        "world_size",
+        "steps_seen",
+        "slowdown",
+        "waste_fraction",
+        "gpu_hours_wasted",
+        "simulation_discrepancy",
+        "m_w",
+        "m_s",
+        "attribution",
+        "stragglers",
+        "diagnoses",
+    ):
+        assert key in s
+    assert set(s["attribution"]) == {"by_op_type", "by_dp_rank", "by_stage"}
+    assert s["steps_seen"] == STEPS
+    # Exact: forward 10 ms + 30 ms on one of 4 ranks, everything else equal on every rank.
+    measured = 0.002 + 0.040 + 0.020 + 0.004 + 0.003
+    ideal = 0.002 + (0.010 + 0.030 / WORLD) + 0.020 + 0.004 + 0.003
+    assert s["slowdown"] == pytest.approx(measured / ideal, rel=1e-6)
+    assert s["stragglers"][0] == {
+        "rank": SLOW_RANK,
+        "host": f"node-{SLOW_RANK}",
+        "dp_rank": SLOW_RANK,
+        "stage": 0,
+        "slowdown": pytest.approx(s["slowdown"], rel=1e-6),
+        "cause": "slow_worker",
+    }
+    assert len(s["stragglers"]) == 1
+    first = s["diagnoses"][0]
+    assert first["cause"] == "slow_worker"
+    assert set(first) == {"cause", "share", "confidence", "evidence", "recommendation"}
+    assert f"rank {SLOW_RANK}" in first["recommendation"]
+
+
+def test_steps_and_windows(client: httpx.Client, slow_job: str) -> None:
+    steps = client.get(f"/api/v1/jobs/{slow_job}/steps").json()["steps"]
+    assert [s["step"] for s in steps] == list(range(STEPS))
+    for s in steps:
+        assert s["slowdown"] == pytest.approx(s["step_time"] / s["ideal_time"])
+    window = client.get(f"/api/v1/jobs/{slow_job}/steps", params={"from_step": 10, "to_step": 14})
+    assert [s["step"] for s in window.json()["steps"]] == [10, 11, 12, 13, 14]
+    last = client.get(f"/api/v1/jobs/{slow_job}/summary", params={"window": 5}).json()
+    assert (last["steps_seen"], last["from_step"], last["to_step"]) == (5, STEPS - 5, STEPS - 1)
+
+
+def test_heatmaps_and_worker_grid(client: httpx.Client, slow_job: str) -> None:
+    heat = client.get(f"/api/v1/jobs/{slow_job}/heatmap").json()
+    assert heat["ranks"] == list(range(WORLD))
+    assert heat["steps"] == list(range(STEPS))
+    hottest = [max(range(WORLD), key=lambda r: heat["values"][r][j]) for j in range(STEPS)]
+    assert set(hottest) == {SLOW_RANK}
+    fwd = client.get(f"/api/v1/jobs/{slow_job}/heatmap", params={"metric": "forward"}).json()
+    assert fwd["values"][SLOW_RANK][0] == pytest.approx(0.040)
+    assert fwd["values"][0][0] == pytest.approx(0.010)
+    grid = client.get(f"/api/v1/jobs/{slow_job}/workers").json()
+    assert (grid["dp_ranks"], grid["stages"]) == (list(range(WORLD)), [0])
+    column = [row[0] for row in grid["values"]]
+    assert column.index(max(column)) == SLOW_RANK
+
+
+def test_worker_detail(client: httpx.Client, server: BackgroundServer, slow_job: str) -> None:
+    w = client.get(f"/api/v1/jobs/{slow_job}/workers/{SLOW_RANK}").json()
+    assert (w["rank"], w["host"], w["dp_rank"], w["stage"]) == (SLOW_RANK, f"node-{SLOW_RANK}", SLOW_RANK, 0)
+    assert len(w["steps"]) == STEPS
+    assert w["steps"][0]["phases"]["forward"] == pytest.approx(0.040)
+    assert w["slowdown"] > 1.1
+    assert client.get(f"/api/v1/jobs/{slow_job}/workers/99").status_code == 404
+
+
+def test_unknown_job_is_404(client: httpx.Client) -> None:
+    for path in ("summary", "steps", "heatmap", "workers"):
+        assert client.get(f"/api/v1/jobs/nope/{path}").status_code == 404
+
+
+def test_healthy_job_blames_nobody(client: httpx.Client, server: BackgroundServer) -> None:
+    job = f.new_job_id("healthy")
+    push_job(server, job)
+    analyse(server)
+    s = client.get(f"/api/v1/jobs/{job}/summary").json()
+    assert s["slowdown"] == pytest.approx(1.0, abs=1e-9)
+    assert s["stragglers"] == [] and s["diagnoses"] == []
+
+
+def test_api_token(database_url: str) -> None:
+    settings = server_settings(database_url, api_token="t0ken")
+    with BackgroundServer(settings) as server, httpx.Client(base_url=server.http_url) as c:
+        assert c.get("/api/v1/jobs").status_code == 401
+        assert c.get("/api/v1/jobs", headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert c.get("/api/v1/jobs", headers={"Authorization": "Bearer t0ken"}).json() == {"jobs": []}
+        assert c.get("/healthz").status_code == 200
+
+
+def test_stalled_job_is_diagnosed_as_hang(database_url: str) -> None:
+    settings = server_settings(database_url, stall_seconds=1.0)
+    with BackgroundServer(settings) as server, httpx.Client(base_url=server.http_url) as c:
+        job = f.new_job_id("hang")
+        push_job(server, job)
+        time.sleep(1.2)
+        # Heartbeats keep coming (the processes live) but no step ends: ranks 0, 1, 3 wait in
+        # grad_sync while rank 2 is stuck in forward.
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            stub = pb_grpc.IngestStub(channel)
+            for rank in range(WORLD):
+                phase = "forward" if rank == 2 else "grad_sync"
+                hb = pb.Heartbeat(
+                    time=time.time(),
+                    last_step=STEPS - 1,
+                    current_step=STEPS,
+                    phase=phase,
+                    phase_since=time.time() - 1,
+                )
+                stub.Push(f.batch(job, rank, WORLD, seq=2, heartbeat=hb))
+        analyse(server)
+        s = c.get(f"/api/v1/jobs/{job}/summary").json()
+        assert s["state"] == "stalled"
+        assert s["diagnoses"][0]["cause"] == "hang"
+        assert "2" in str(s["diagnoses"][0]["evidence"])
+        listed = {j["job_id"]: j for j in c.get("/api/v1/jobs").json()["jobs"]}
+        assert listed[job]["state"] == "stalled"
+
+
+def test_final_batches_finish_the_job(client: httpx.Client, server: BackgroundServer) -> None:
+    job = f.new_job_id("done")
+    push_job(server, job)
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = pb_grpc.IngestStub(channel)
+        for rank in range(WORLD):
+            stub.Push(f.batch(job, rank, WORLD, seq=2, final=True))
+    jobs = {j["job_id"]: j for j in client.get("/api/v1/jobs").json()["jobs"]}
+    assert jobs[job]["state"] == "finished"
