@@ -28,6 +28,9 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 RANKS = 4
 STEPS = 60
+# Simulated device time per forward (backward twice that). Long enough that scheduling jitter of
+# 4 ranks on 2 cores (a few ms per step, mostly in gloo's all-reduce) stays ~2% of a step.
+DEVICE_MS = "40"
 
 
 @pytest.fixture(scope="module")
