@@ -21,6 +21,7 @@ from smon_server.analysis.signals import GpuHealth, HangState, RankPosition
 from smon_server.settings import Settings
 from smon_server.store import queries
 from smon_server.store.models import Agent, AnalysisResult, GpuSample, Job
+from smon_server.store.queries import StepWindow
 
 # NVML clock-event reasons that mean the GPU slowed itself down (not idle / app clocks).
 THROTTLE_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SW power cap, HW slowdown, SW/HW thermal, brake
@@ -49,17 +50,13 @@ def analyze_job(
     job: Job,
     settings: Settings,
     now: float,
-    from_step: int | None = None,
-    to_step: int | None = None,
-    last: int | None = None,
+    window: StepWindow | None = None,
 ) -> dict[str, Any]:
-    explicit = from_step is not None or to_step is not None
-    lo, hi = queries.step_window(
+    lo, hi = queries.resolve_window(
         session=session,
         job_id=job.job_id,
-        from_step=from_step,
-        to_step=to_step,
-        last=None if explicit else (last or settings.analysis_window_steps),
+        window=window or StepWindow(),
+        default_last=settings.analysis_window_steps,
     )
     agents = queries.job_agents(session=session, job_id=job.job_id)
     liveness = job_liveness(job, agents, now=now, stall_seconds=settings.stall_seconds)
@@ -129,19 +126,12 @@ def phase_heatmap(
     session: Session,
     job: Job,
     metric: str,
-    from_step: int | None,
-    to_step: int | None,
-    last: int | None,
-    default_window: int = 500,
+    window: StepWindow,
+    default_last: int,
 ) -> dict[str, Any]:
     """Rank × step grid of one phase's seconds (or `step_time`) straight from the records."""
-    explicit = from_step is not None or to_step is not None
-    lo, hi = queries.step_window(
-        session=session,
-        job_id=job.job_id,
-        from_step=from_step,
-        to_step=to_step,
-        last=None if explicit else (last or default_window),
+    lo, hi = queries.resolve_window(
+        session=session, job_id=job.job_id, window=window, default_last=default_last
     )
     rows = queries.step_rows(session=session, job_id=job.job_id, from_step=lo, to_step=hi)
     ranks = sorted({r.rank for r in rows})

@@ -6,12 +6,13 @@ import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from smon_server.context import ServerContext
 from smon_server.settings import Settings
+from smon_server.store.queries import StepWindow
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -56,3 +57,14 @@ def require_api_token(
 
 
 ApiTokenDep = Annotated[None, Depends(require_api_token)]
+
+
+def get_step_window(
+    from_step: Annotated[int | None, Query(ge=0, description="first step of the window")] = None,
+    to_step: Annotated[int | None, Query(ge=0, description="last step of the window")] = None,
+    window: Annotated[int | None, Query(gt=0, description="the last N steps instead")] = None,
+) -> StepWindow:
+    return StepWindow(from_step=from_step, to_step=to_step, last=window)
+
+
+WindowDep = Annotated[StepWindow, Depends(get_step_window)]

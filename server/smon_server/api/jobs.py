@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from smon_server.analysis import job_analysis
 from smon_server.analysis.liveness import job_liveness
-from smon_server.api.deps import ApiTokenDep, DbDep, SettingsDep
+from smon_server.api.deps import ApiTokenDep, DbDep, SettingsDep, WindowDep
 from smon_server.api.schemas import (
     GpuSampleOut,
     HeatmapOut,
@@ -25,12 +25,9 @@ from smon_server.api.schemas import (
 )
 from smon_server.store import queries
 from smon_server.store.models import Job
+from smon_server.store.queries import StepWindow
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
-
-FromStep = Annotated[int | None, Query(ge=0, description="first step of the window")]
-ToStep = Annotated[int | None, Query(ge=0, description="last step of the window")]
-Window = Annotated[int | None, Query(gt=0, description="the last N steps instead of a range")]
 
 
 def _ts(seconds: float) -> datetime:
@@ -71,28 +68,13 @@ def list_jobs(db: DbDep, settings: SettingsDep, _auth: ApiTokenDep) -> JobsOut:
     return JobsOut(jobs=out)
 
 
-def _analysis(
-    db: DbDep,
-    settings: SettingsDep,
-    job: Job,
-    from_step: int | None,
-    to_step: int | None,
-    window: int | None,
-) -> dict[str, Any]:
+def _analysis(db: DbDep, settings: SettingsDep, job: Job, window: StepWindow) -> dict[str, Any]:
     """The stored analysis, or a fresh one when the caller asks for another window."""
-    if from_step is None and to_step is None and window is None:
+    if window.is_default:
         stored = queries.get_result(session=db, job_id=job.job_id)
         if stored is not None:
             return stored.result
-    return job_analysis.analyze_job(
-        session=db,
-        job=job,
-        settings=settings,
-        now=time.time(),
-        from_step=from_step,
-        to_step=to_step,
-        last=window,
-    )
+    return job_analysis.analyze_job(session=db, job=job, settings=settings, now=time.time(), window=window)
 
 
 @router.get("/jobs/{job_id}/summary", response_model=SummaryOut)
@@ -101,12 +83,10 @@ def summary(
     db: DbDep,
     settings: SettingsDep,
     _auth: ApiTokenDep,
-    from_step: FromStep = None,
-    to_step: ToStep = None,
-    window: Window = None,
+    window: WindowDep,
 ) -> SummaryOut:
     job = _job_or_404(db, job_id)
-    result = _analysis(db, settings, job, from_step, to_step, window)
+    result = _analysis(db, settings, job, window)
     liveness = job_liveness(
         job,
         queries.job_agents(session=db, job_id=job_id),
@@ -118,9 +98,8 @@ def summary(
         job_id=job.job_id,
         state=liveness.state.value,
         world_size=job.world_size,
-        gpu_hours_wasted=job.gpu_hours_wasted
-        if (from_step, to_step, window) == (None, None, None)
-        else body.get("gpu_hours_wasted", 0.0),
+        # The job's running total; another window reports its own figure.
+        gpu_hours_wasted=job.gpu_hours_wasted if window.is_default else body.get("gpu_hours_wasted", 0.0),
         computed_at=_ts(result["computed_at"]) if result.get("computed_at") else None,
     )
     return SummaryOut.model_validate(body)
@@ -132,12 +111,10 @@ def steps(
     db: DbDep,
     settings: SettingsDep,
     _auth: ApiTokenDep,
-    from_step: FromStep = None,
-    to_step: ToStep = None,
-    window: Window = None,
+    window: WindowDep,
 ) -> StepsOut:
     job = _job_or_404(db, job_id)
-    result = _analysis(db, settings, job, from_step, to_step, window)
+    result = _analysis(db, settings, job, window)
     return StepsOut(job_id=job_id, steps=[StepOut(**s) for s in result["steps"]])
 
 
@@ -147,17 +124,19 @@ def heatmap(
     db: DbDep,
     settings: SettingsDep,
     _auth: ApiTokenDep,
+    window: WindowDep,
     metric: Annotated[str, Query(description="slowdown, step_time, or a phase name")] = "slowdown",
-    from_step: FromStep = None,
-    to_step: ToStep = None,
-    window: Window = None,
 ) -> HeatmapOut:
     job = _job_or_404(db, job_id)
     if metric == "slowdown":
-        grid = _analysis(db, settings, job, from_step, to_step, window)["rank_slowdown"]
+        grid = _analysis(db, settings, job, window)["rank_slowdown"]
     else:
         grid = job_analysis.phase_heatmap(
-            session=db, job=job, metric=metric, from_step=from_step, to_step=to_step, last=window
+            session=db,
+            job=job,
+            metric=metric,
+            window=window,
+            default_last=settings.analysis_window_steps,
         )
     return HeatmapOut(job_id=job_id, metric=metric, **grid)
 
@@ -168,12 +147,10 @@ def workers(
     db: DbDep,
     settings: SettingsDep,
     _auth: ApiTokenDep,
-    from_step: FromStep = None,
-    to_step: ToStep = None,
-    window: Window = None,
+    window: WindowDep,
 ) -> WorkersOut:
     job = _job_or_404(db, job_id)
-    result = _analysis(db, settings, job, from_step, to_step, window)
+    result = _analysis(db, settings, job, window)
     return WorkersOut(job_id=job_id, **result["workers"])
 
 
@@ -184,26 +161,20 @@ def worker(
     db: DbDep,
     settings: SettingsDep,
     _auth: ApiTokenDep,
-    from_step: FromStep = None,
-    to_step: ToStep = None,
-    window: Window = None,
+    window: WindowDep,
 ) -> WorkerOut:
     job = _job_or_404(db, job_id)
     agent = next((a for a in queries.job_agents(session=db, job_id=job_id) if a.rank == rank), None)
     if agent is None:
         raise HTTPException(status_code=404, detail=f"job {job_id!r} has no rank {rank}")
-    result = _analysis(db, settings, job, from_step, to_step, window)
+    result = _analysis(db, settings, job, window)
     grid = result["rank_slowdown"]
     per_step: dict[int, float | None] = {}
     if rank in grid["ranks"]:
         row = grid["values"][grid["ranks"].index(rank)]
         per_step = dict(zip(grid["steps"], row, strict=True))
-    lo, hi = queries.step_window(
-        session=db,
-        job_id=job_id,
-        from_step=from_step,
-        to_step=to_step,
-        last=window or settings.analysis_window_steps,
+    lo, hi = queries.resolve_window(
+        session=db, job_id=job_id, window=window, default_last=settings.analysis_window_steps
     )
     records = [
         r for r in queries.step_rows(session=db, job_id=job_id, from_step=lo, to_step=hi) if r.rank == rank

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from smon_server.analysis.from_steps import StepRow
@@ -45,29 +47,47 @@ def agents_by_job(*, session: Session) -> dict[str, list[Agent]]:
     return {job: list(ranks.values()) for job, ranks in out.items()}
 
 
-def step_window(
-    *,
-    session: Session,
-    job_id: str,
-    from_step: int | None = None,
-    to_step: int | None = None,
-    last: int | None = None,
+_Q = TypeVar("_Q", bound=Select)
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """Which steps to look at: a range, or the `last` N steps seen; all unset means the default."""
+
+    from_step: int | None = None
+    to_step: int | None = None
+    last: int | None = None
+
+    @property
+    def is_default(self) -> bool:
+        return self.from_step is None and self.to_step is None and self.last is None
+
+
+def resolve_window(
+    *, session: Session, job_id: str, window: StepWindow, default_last: int
 ) -> tuple[int | None, int | None]:
-    """The step range to analyse: explicit bounds, or the `last` N steps seen."""
-    if from_step is not None or to_step is not None or last is None:
-        return from_step, to_step
-    newest = session.scalar(select(func.max(StepRecord.step)).where(StepRecord.job_id == job_id))
-    if newest is None:
-        return None, None
+    """Step bounds of `window`: a range as given, else the newest `last` (or `default_last`)."""
+    if window.from_step is not None or window.to_step is not None:
+        return window.from_step, window.to_step
     # Steps need not be contiguous (resumed jobs); take the N-th newest distinct step.
     steps = session.scalars(
         select(StepRecord.step)
         .where(StepRecord.job_id == job_id)
         .distinct()
         .order_by(StepRecord.step.desc())
-        .limit(last)
+        .limit(window.last or default_last)
     ).all()
-    return min(steps), newest
+    if not steps:
+        return None, None
+    return min(steps), max(steps)
+
+
+def _in_range(stmt: _Q, from_step: int | None, to_step: int | None) -> _Q:
+    if from_step is not None:
+        stmt = stmt.where(StepRecord.step >= from_step)
+    if to_step is not None:
+        stmt = stmt.where(StepRecord.step <= to_step)
+    return stmt
 
 
 def step_rows(
@@ -86,10 +106,7 @@ def step_rows(
         StepRecord.seq_sum_sq,
         StepRecord.microbatch_seq,
     ).where(StepRecord.job_id == job_id)
-    if from_step is not None:
-        stmt = stmt.where(StepRecord.step >= from_step)
-    if to_step is not None:
-        stmt = stmt.where(StepRecord.step <= to_step)
+    stmt = _in_range(stmt, from_step, to_step)
     return [StepRow(*row) for row in session.execute(stmt.order_by(StepRecord.step, StepRecord.rank))]
 
 
@@ -103,10 +120,7 @@ def step_times(
         .group_by(StepRecord.step)
         .order_by(StepRecord.step)
     )
-    if from_step is not None:
-        stmt = stmt.where(StepRecord.step >= from_step)
-    if to_step is not None:
-        stmt = stmt.where(StepRecord.step <= to_step)
+    stmt = _in_range(stmt, from_step, to_step)
     return [(int(s), float(a), float(b)) for s, a, b in session.execute(stmt)]
 
 
