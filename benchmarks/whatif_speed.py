@@ -32,18 +32,7 @@ from smon_server.analysis.trace import load_trace  # noqa: E402
 from smon_server.analysis.whatif import analyze  # noqa: E402
 
 PY = sys.executable
-COLUMNS = (
-    "dp_rank",
-    "stage",
-    "step",
-    "op_type",
-    "seq_id",
-    "chunk",
-    "microbatch",
-    "start",
-    "duration",
-    "rank",
-)
+COLUMNS = tuple(c for c in OpTable.COLUMNS if c != "seq_sq")
 
 
 def conformance_dir() -> Path:

@@ -76,22 +76,7 @@ def build_op_table(rows: Iterable[StepRow]) -> OpTable:
         key = (r.dp_rank, r.pp_rank)
         lead_tp[key] = min(lead_tp.get(key, r.tp_rank), r.tp_rank)
 
-    cols: dict[str, list[Any]] = {
-        k: []
-        for k in (
-            "dp_rank",
-            "stage",
-            "step",
-            "op_type",
-            "seq_id",
-            "chunk",
-            "microbatch",
-            "start",
-            "duration",
-            "rank",
-            "seq_sq",
-        )
-    }
+    cols: dict[str, list[Any]] = {name: [] for name in OpTable.COLUMNS}
     for r in rows:
         if r.tp_rank != lead_tp[(r.dp_rank, r.pp_rank)]:
             continue
@@ -113,20 +98,8 @@ def build_op_table(rows: Iterable[StepRow]) -> OpTable:
             cols["rank"].append(r.rank)
             cols["seq_sq"].append(_seq_sq(op_type, microbatch, mb_sq, r.seq_sum_sq))
 
-    return OpTable(
-        op_types=tuple(names),
-        dp_rank=np.asarray(cols["dp_rank"], dtype=np.int32),
-        stage=np.asarray(cols["stage"], dtype=np.int32),
-        step=np.asarray(cols["step"], dtype=np.int64),
-        op_type=np.asarray(cols["op_type"], dtype=np.int16),
-        seq_id=np.asarray(cols["seq_id"], dtype=np.int32),
-        chunk=np.asarray(cols["chunk"], dtype=np.int16),
-        microbatch=np.asarray(cols["microbatch"], dtype=np.int16),
-        start=np.asarray(cols["start"], dtype=np.float64),
-        duration=np.asarray(cols["duration"], dtype=np.float64),
-        rank=np.asarray(cols["rank"], dtype=np.int32),
-        seq_sq=np.asarray(cols["seq_sq"], dtype=np.float64),
-    )
+    arrays = {name: np.asarray(cols[name], dtype=dtype) for name, dtype in OpTable.COLUMNS.items()}
+    return OpTable(op_types=tuple(names), **arrays)
 
 
 def _seq_sq(op_type: str, microbatch: int, per_mb: dict[int, float], step_sq: float) -> float:

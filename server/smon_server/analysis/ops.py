@@ -8,6 +8,7 @@ numpy arrays of equal length, one row per operation (DESIGN §5).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -70,6 +71,21 @@ class OpTable:
     duration: np.ndarray  # float64
     rank: np.ndarray  # int32
     seq_sq: np.ndarray = field(default_factory=lambda: np.empty(0))  # float64, or empty
+
+    # The per-row columns and their dtypes, for code that builds or copies tables column-wise.
+    COLUMNS: ClassVar[dict[str, type[np.generic]]] = {
+        "dp_rank": np.int32,
+        "stage": np.int32,
+        "step": np.int64,
+        "op_type": np.int16,
+        "seq_id": np.int32,
+        "chunk": np.int16,
+        "microbatch": np.int16,
+        "start": np.float64,
+        "duration": np.float64,
+        "rank": np.int32,
+        "seq_sq": np.float64,
+    }
 
     def __len__(self) -> int:
         return int(self.duration.shape[0])
