@@ -209,3 +209,68 @@ def test_final_batches_finish_the_job(client: httpx.Client, server: BackgroundSe
             stub.Push(f.batch(job, rank, WORLD, seq=2, final=True))
     jobs = {j["job_id"]: j for j in client.get("/api/v1/jobs").json()["jobs"]}
     assert jobs[job]["state"] == "finished"
+
+
+def test_throttled_gpu_turns_slow_worker_into_gpu_throttling(
+    client: httpx.Client, server: BackgroundServer
+) -> None:
+    job = f.new_job_id("throttle")
+    push_job(server, job, slow_rank=SLOW_RANK, slow_forward=0.03)
+    now = time.time()
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = pb_grpc.IngestStub(channel)
+        for rank in range(WORLD):
+            hot = rank == SLOW_RANK
+            samples = [
+                pb.GpuSample(
+                    time=now - 30 + i,
+                    gpu_index=0,
+                    sm_clock_mhz=1100 if hot else 1980,
+                    sm_clock_max_mhz=1980,
+                    temperature_c=91 if hot else 60,
+                    throttle_reasons=0x40 if hot else 0,  # HW thermal slowdown
+                )
+                for i in range(10)
+            ]
+            stub.Push(f.batch(job, rank, WORLD, seq=2, gpu_samples=samples))
+    analyse(server)
+    s = client.get(f"/api/v1/jobs/{job}/summary").json()
+    assert s["diagnoses"][0]["cause"] == "gpu_throttling"
+    assert s["stragglers"][0]["rank"] == SLOW_RANK
+    assert s["stragglers"][0]["cause"] == "gpu_throttling"
+    gpu = client.get(f"/api/v1/jobs/{job}/workers/{SLOW_RANK}").json()["gpu"]
+    assert len(gpu) == 10 and gpu[0]["throttle_reasons"] == 0x40
+
+
+def test_gc_pauses_on_one_rank_are_python_gc(client: httpx.Client, server: BackgroundServer) -> None:
+    job = f.new_job_id("gc")
+    per_rank = f.dp_job_steps(WORLD, range(STEPS), origin=time.time() - 60)
+    # Rank 1 pauses 40 ms for GC inside its forward every third step; it reaches the all-reduce
+    # late, so everyone waits. Rebuild those steps with the pause (and the later sync end).
+    t = per_rank[0][0].start_time
+    for step in range(STEPS):
+        pause = 0.04 if step % 3 == 0 else 0.0
+        forward = [0.010 + (pause if r == 1 else 0.0) for r in range(WORLD)]
+        ready = [t + 0.002 + forward[r] + 0.020 for r in range(WORLD)]
+        end = max(ready) + 0.004
+        for r in range(WORLD):
+            gc = [(0.003, pause)] if (r == 1 and pause) else []
+            per_rank[r][step] = f.dp_step(
+                step,
+                start=t,
+                forward=forward[r],
+                grad_sync_start=ready[r],
+                grad_sync_end=end,
+                gc=gc,
+            )
+        t = end + 0.003
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = pb_grpc.IngestStub(channel)
+        for rank, records in per_rank.items():
+            assert stub.Push(f.batch(job, rank, WORLD, steps=records)).accepted == STEPS
+    analyse(server)
+    s = client.get(f"/api/v1/jobs/{job}/summary").json()
+    assert s["diagnoses"][0]["cause"] == "python_gc"
+    assert s["attribution"]["by_op_type"]["gc"] > 1.1
+    # the pause was moved out of forward: forward itself is not blamed
+    assert s["attribution"]["by_op_type"]["forward-compute"] < 1.05
