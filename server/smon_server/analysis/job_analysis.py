@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from smon_server.analysis import live
 from smon_server.analysis.from_steps import build_op_table, complete_steps
 from smon_server.analysis.liveness import JobState, Liveness, job_liveness
-from smon_server.analysis.signals import GpuHealth, HangState, RankPosition
+from smon_server.analysis.signals import GpuHealth, HangState
 from smon_server.settings import Settings
 from smon_server.store import queries
 from smon_server.store.models import Agent, AnalysisResult, GpuSample, Job
@@ -178,6 +178,6 @@ def _hang_state(liveness: Liveness, stall_seconds: float) -> HangState | None:
     return HangState(
         stalled=True,
         seconds_since_step=liveness.seconds_since_step,
-        positions=tuple(RankPosition(p.rank, p.step, p.phase, p.host) for p in liveness.positions),
+        positions=liveness.positions,
         threshold_seconds=stall_seconds,
     )

@@ -8,9 +8,10 @@ phase, which is what tells "ranks {0,1,3} wait in grad_sync for rank 2, stuck in
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
+from smon_server.analysis.signals import RankPosition
 from smon_server.store.models import Agent, Job
 
 
@@ -21,35 +22,18 @@ class JobState(StrEnum):
 
 
 @dataclass(frozen=True)
-class RankPosition:
-    rank: int
-    host: str
-    step: int | None
-    phase: str
-    phase_seconds: float | None
-    silent_seconds: float  # since this rank's agent was last heard from
-
-
-@dataclass(frozen=True)
 class Liveness:
     state: JobState
     seconds_since_step: float
-    positions: list[RankPosition] = field(default_factory=list)
+    positions: tuple[RankPosition, ...] = ()  # each rank's last heartbeat
 
 
 def job_liveness(job: Job, agents: Sequence[Agent], *, now: float, stall_seconds: float) -> Liveness:
     since_step = now - (job.last_step_seen if job.last_step_seen is not None else job.first_seen)
-    positions = [
-        RankPosition(
-            rank=a.rank,
-            host=a.host,
-            step=a.hb_current_step,
-            phase=a.hb_phase,
-            phase_seconds=(now - a.hb_phase_since) if a.hb_phase and a.hb_phase_since else None,
-            silent_seconds=now - a.last_seen,
-        )
+    positions = tuple(
+        RankPosition(rank=a.rank, step=a.hb_current_step, phase=a.hb_phase, host=a.host)
         for a in sorted(agents, key=lambda a: a.rank)
-    ]
+    )
     if agents and all(a.final for a in agents):
         return Liveness(JobState.FINISHED, since_step, positions)
     last_heard = max((a.last_seen for a in agents), default=job.last_seen)

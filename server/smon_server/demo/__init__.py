@@ -65,7 +65,6 @@ def main(
         "SMON_SERVER": server.grpc_target,
         "SMON_JOB": job,
         "OMP_NUM_THREADS": "1",
-        "SMON_DEMO_QUIET": "0",
     }
     args = ["--steps", str(steps), "--slow-rank", str(slow_rank), "--delay", str(delay)]
     started = time.monotonic()
