@@ -22,14 +22,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # tests.analysis.reference, the naive baseline
+sys.path.insert(0, str(REPO))  # tests.whatif.reference, the naive baseline
 
 import numpy as np  # noqa: E402
 
-from smon_server.analysis.ops import OpTable  # noqa: E402
-from smon_server.analysis.synthetic import SyntheticJob, synthetic_table  # noqa: E402
-from smon_server.analysis.trace import load_trace  # noqa: E402
-from smon_server.analysis.whatif import analyze  # noqa: E402
+from smon_server.whatif.engine import analyze  # noqa: E402
+from smon_server.whatif.ops import OpTable  # noqa: E402
+from smon_server.whatif.synthetic import SyntheticJob, synthetic_table  # noqa: E402
+from smon_server.whatif.trace import load_trace  # noqa: E402
 
 PY = sys.executable
 COLUMNS = tuple(c for c in OpTable.COLUMNS if c != "seq_sq")
@@ -65,7 +65,7 @@ def conformance_section() -> None:
     print("== trace AR (117,216 ops): analysis time ==")
     imports = process_seconds("import numpy, pyarrow")
     whole = process_seconds(
-        "from smon_server.analysis.offline import analyze_file; "
+        "from smon_server.offline import analyze_file; "
         f"analyze_file({str(d / 'trace-AR.parquet')!r}, {str(d / 'meta-AR.yaml')!r})"
     )
     print(f"baseline: `python -c 'import numpy, pyarrow'` process        {imports:7.3f} s")
@@ -84,7 +84,7 @@ def conformance_section() -> None:
             end="",
         )
         print(f"{per_op:.0f} ns/op")
-    from tests.analysis.reference import reference_analysis
+    from tests.whatif.reference import reference_analysis
 
     st = load_trace(d / "trace-ST.parquet").table
     t0 = time.perf_counter()
@@ -112,8 +112,8 @@ def scaling_section() -> None:
 CHILD = """
 import json, sys, time, tracemalloc
 import numpy as np
-from smon_server.analysis.ops import OpTable
-from smon_server.analysis.whatif import analyze
+from smon_server.whatif.ops import OpTable
+from smon_server.whatif.engine import analyze
 folder, columns = sys.argv[1], sys.argv[2].split(",")
 names = tuple(np.load(folder + "/op_types.npy").tolist())
 table = OpTable(op_types=names, **{k: np.load(folder + "/" + k + ".npy") for k in columns})

@@ -51,7 +51,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from smon_server.analysis import offline
+    from smon_server import offline
 
     return offline.main(args.trace, args.meta, as_json=args.json)
 

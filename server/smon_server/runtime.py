@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import grpc
 import uvicorn
 
-from smon_server.analysis.loop import analysis_loop
 from smon_server.api.main import create_app
 from smon_server.context import ServerContext
 from smon_server.ingest.service import IngestService, make_grpc_server
 from smon_server.ingest.validate import Limits
+from smon_server.jobs.loop import analysis_loop
 from smon_server.settings import Settings
 from smon_server.store import migrate
 

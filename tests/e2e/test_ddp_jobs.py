@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from smon_server.analysis.loop import analysis_pass
 from smon_server.demo import training_command
+from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from tests.conftest import server_settings
 

@@ -8,8 +8,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from smon_server.analysis import job_analysis
-from smon_server.analysis.liveness import job_liveness
 from smon_server.api.deps import ApiTokenDep, DbDep, SettingsDep, WindowDep
 from smon_server.api.schemas import (
     GpuSampleOut,
@@ -23,6 +21,8 @@ from smon_server.api.schemas import (
     WorkersOut,
     WorkerStepOut,
 )
+from smon_server.jobs import analysis as job_analysis
+from smon_server.jobs.liveness import job_liveness
 from smon_server.store import queries
 from smon_server.store.models import Job
 from smon_server.store.queries import StepWindow

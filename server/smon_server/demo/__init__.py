@@ -17,7 +17,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from smon_server.analysis.loop import analysis_pass
+from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from smon_server.settings import Settings
 

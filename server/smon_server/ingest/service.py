@@ -17,9 +17,10 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from smon.v1 import ingest_pb2 as pb
-from smon_server.ingest.validate import BatchRejected, Limits, ValidBatch, validate_batch
+from smon_server.ingest.validate import BatchRejected, Limits, validate_batch
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.store.db import Database
+from smon_server.store.rows import ValidBatch
 from smon_server.store.writes import write_batch
 
 log = logging.getLogger(__name__)

@@ -7,13 +7,14 @@ with a machine-readable reason the agent sees in its Ack and the server counts i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
 from smon.v1 import ingest_pb2 as pb
+from smon_server.store.rows import ValidBatch
 
 # Reasons (stable strings: they appear in Acks and in smon_ingest_rejected_total{reason}).
 MISSING_AGENT_ID = "missing_agent_id"
@@ -54,26 +55,6 @@ class BatchRejected(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
-
-
-@dataclass
-class ValidBatch:
-    agent_id: str
-    seq: int
-    job_id: str
-    coords: pb.Coordinates
-    clock_offset: float
-    final: bool
-    steps: list[dict[str, Any]] = field(default_factory=list)
-    gpu_samples: list[dict[str, Any]] = field(default_factory=list)
-    heartbeat: pb.Heartbeat | None = None
-    counters: pb.AgentCounters | None = None
-    rejections: list[pb.Rejection] = field(default_factory=list)
-    unknown_fields: int = 0
-
-    @property
-    def accepted(self) -> int:
-        return len(self.steps) + len(self.gpu_samples)
 
 
 def validate_batch(batch: pb.Batch, limits: Limits) -> ValidBatch:

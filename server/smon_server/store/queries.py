@@ -9,8 +9,8 @@ from typing import TypeVar
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from smon_server.analysis.from_steps import StepRow
 from smon_server.store.models import Agent, AnalysisResult, GpuSample, Job, StepRecord
+from smon_server.store.rows import StepRow
 
 
 def list_jobs(*, session: Session) -> Sequence[Job]:

@@ -17,9 +17,9 @@ from sqlalchemy import case, func, insert, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from smon_server.ingest.validate import ValidBatch
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, Base, GpuSample, IngestedBatch, Job, StepRecord
+from smon_server.store.rows import ValidBatch
 
 _JSON_COLUMNS = {"phases", "spans", "microbatch_seq", "xid_events"}
 

@@ -1,0 +1,1 @@
+"""Live jobs: where the what-if engine meets the store (liveness, one job's analysis, the loop)."""

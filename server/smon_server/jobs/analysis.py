@@ -1,0 +1,135 @@
+"""Analyse one live job: stored step records → op table → what-if engine → diagnosis → result.
+
+The result is one JSON-able dict, stored per job and served by the API as is:
+`summary` (DESIGN §6 summary fields), `steps` (per-step series), `workers` (DP × stage grid of
+S_w), `rank_slowdown` (rank × step heatmap of S_w), `rank_overall` (S_w per rank), `state`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from smon_server.jobs import live
+from smon_server.jobs.gpu_health import gpu_health
+from smon_server.jobs.liveness import JobState, Liveness, job_liveness
+from smon_server.settings import Settings
+from smon_server.store import queries
+from smon_server.store.models import AnalysisResult, Job
+from smon_server.store.queries import StepWindow
+from smon_server.whatif.from_steps import build_op_table, complete_steps
+from smon_server.whatif.signals import HangState
+
+
+def needs_refresh(
+    *, session: Session, job: Job, previous: AnalysisResult, settings: Settings, now: float
+) -> bool:
+    """New steps arrived, or the job's state changed (a stall must be diagnosed while it lasts)."""
+    if job.last_step_seen is not None and job.last_step_seen > previous.computed_at:
+        return True
+    liveness = job_liveness(
+        job,
+        queries.job_agents(session=session, job_id=job.job_id),
+        now=now,
+        stall_seconds=settings.stall_seconds,
+    )
+    if liveness.state.value != previous.result.get("state"):
+        return True
+    return liveness.state is JobState.STALLED
+
+
+def analyze_job(
+    *,
+    session: Session,
+    job: Job,
+    settings: Settings,
+    now: float,
+    window: StepWindow | None = None,
+) -> dict[str, Any]:
+    lo, hi = queries.resolve_window(
+        session=session,
+        job_id=job.job_id,
+        window=window or StepWindow(),
+        default_last=settings.analysis_window_steps,
+    )
+    agents = queries.job_agents(session=session, job_id=job.job_id)
+    liveness = job_liveness(job, agents, now=now, stall_seconds=settings.stall_seconds)
+    rows = complete_steps(queries.step_rows(session=session, job_id=job.job_id, from_step=lo, to_step=hi))
+    times = queries.step_times(session=session, job_id=job.job_id, from_step=lo, to_step=hi)
+    window_start = min((t[1] for t in times), default=None)
+    window_end = max((t[2] for t in times), default=None)
+    health = gpu_health(queries.gpu_samples(session=session, job_id=job.job_id, since=window_start), agents)
+    hosts = {a.rank: a.host for a in agents}
+    gpus = max(job.world_size, len(agents), 1)
+    elapsed_hours = 0.0
+    if window_start is not None and window_end is not None:
+        elapsed_hours = (window_end - window_start) / 3600.0
+
+    worker_ranks: dict[tuple[int, int], list[int]] = {}
+    for a in agents:
+        worker_ranks.setdefault((a.dp_rank, a.pp_rank), []).append(a.rank)
+    analysis = live.analyze_live(
+        build_op_table(rows) if rows else None,
+        gpus=gpus,
+        elapsed_hours=elapsed_hours,
+        hosts=hosts,
+        health=health,
+        hang=_hang_state(liveness, settings.stall_seconds),
+        worker_ranks=worker_ranks,
+        job_id=job.job_id,
+        world_size=job.world_size,
+    )
+    summary = analysis.summary
+    summary.update(
+        from_step=min((r.step for r in rows), default=lo),
+        to_step=max((r.step for r in rows), default=hi),
+        steps_seen=len({r.step for r in rows}),
+    )
+    return {
+        "state": liveness.state.value,
+        "computed_at": now,
+        "window_start": window_start,
+        "window_end": window_end,
+        "summary": summary,
+        "steps": analysis.steps,
+        "workers": analysis.workers,
+        "rank_slowdown": analysis.rank_slowdown,
+        "rank_overall": {str(k): v for k, v in analysis.rank_overall.items()},
+    }
+
+
+def phase_heatmap(
+    *,
+    session: Session,
+    job: Job,
+    metric: str,
+    window: StepWindow,
+    default_last: int,
+) -> dict[str, Any]:
+    """Rank × step grid of one phase's seconds (or `step_time`) straight from the records."""
+    lo, hi = queries.resolve_window(
+        session=session, job_id=job.job_id, window=window, default_last=default_last
+    )
+    rows = queries.step_rows(session=session, job_id=job.job_id, from_step=lo, to_step=hi)
+    ranks = sorted({r.rank for r in rows})
+    steps = sorted({r.step for r in rows})
+    r_index = {r: i for i, r in enumerate(ranks)}
+    s_index = {s: j for j, s in enumerate(steps)}
+    values: list[list[float | None]] = [[None] * len(steps) for _ in ranks]
+    for r in rows:
+        value = r.duration if metric == "step_time" else r.phases.get(metric)
+        if value is not None:
+            values[r_index[r.rank]][s_index[r.step]] = float(value)
+    return {"ranks": ranks, "steps": steps, "values": values}
+
+
+def _hang_state(liveness: Liveness, stall_seconds: float) -> HangState | None:
+    if liveness.state is not JobState.STALLED:
+        return None
+    return HangState(
+        stalled=True,
+        seconds_since_step=liveness.seconds_since_step,
+        positions=liveness.positions,
+        threshold_seconds=stall_seconds,
+    )

@@ -1,0 +1,45 @@
+"""Is a job running, stalled (alive but no step ends), or finished? And where do hung ranks stand?
+
+A hung job keeps sending heartbeats (the agent's shipper thread is alive) while no step completes;
+a finished or dead job stops sending altogether. The heartbeat names each rank's step and open
+phase, which is what tells "ranks {0,1,3} wait in grad_sync for rank 2, stuck in forward".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from smon_server.store.models import Agent, Job
+from smon_server.whatif.signals import RankPosition
+
+
+class JobState(StrEnum):
+    RUNNING = "running"
+    STALLED = "stalled"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Liveness:
+    state: JobState
+    seconds_since_step: float
+    positions: tuple[RankPosition, ...] = ()  # each rank's last heartbeat
+
+
+def job_liveness(job: Job, agents: Sequence[Agent], *, now: float, stall_seconds: float) -> Liveness:
+    since_step = now - (job.last_step_seen if job.last_step_seen is not None else job.first_seen)
+    positions = tuple(
+        RankPosition(rank=a.rank, step=a.hb_current_step, phase=a.hb_phase, host=a.host)
+        for a in sorted(agents, key=lambda a: a.rank)
+    )
+    if agents and all(a.final for a in agents):
+        return Liveness(JobState.FINISHED, since_step, positions)
+    last_heard = max((a.last_seen for a in agents), default=job.last_seen)
+    if now - last_heard > stall_seconds:
+        # Nothing heard at all, not even heartbeats: the processes are gone.
+        return Liveness(JobState.FINISHED, since_step, positions)
+    if since_step > stall_seconds:
+        return Liveness(JobState.STALLED, since_step, positions)
+    return Liveness(JobState.RUNNING, since_step, positions)

@@ -1,0 +1,151 @@
+"""The DESIGN §6 JSON views of one analysis: the job summary, per-step series, worker grid, heatmap.
+
+JSON has no NaN: undefined numbers (M_W with no slowdown, a worker never seen) become null. Keys of
+`by_dp_rank` / `by_stage` are strings, as JSON object keys must be.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from smon_server.whatif.diagnosis import Diagnosis
+from smon_server.whatif.engine import WhatIfResult
+
+
+def to_summary(
+    result: WhatIfResult,
+    diagnoses: Sequence[Diagnosis] = (),
+    *,
+    job_id: str | None = None,
+    world_size: int | None = None,
+    hosts: Mapping[int, str] | None = None,
+    max_stragglers: int = 16,
+) -> dict[str, Any]:
+    hosts = hosts or {}
+    a = result.attribution
+    by_op_type = dict(sorted(result.by_op_type.items(), key=lambda kv: -kv[1]))
+    return {
+        "job_id": job_id,
+        "world_size": world_size,
+        "steps_seen": len(result.steps),
+        "slowdown": _f(result.slowdown),
+        "waste_fraction": _f(result.waste_fraction),
+        "gpu_hours_wasted": _f(result.gpu_hours_wasted),
+        "simulation_discrepancy": _f(result.discrepancy),
+        "discrepancy_flagged": result.discrepancy_flagged,
+        "m_w": _f(a.m_w) if a else None,
+        "m_s": _f(a.m_s) if a else None,
+        "attribution": {
+            "by_op_type": {k: _f(v) for k, v in by_op_type.items()},
+            "by_dp_rank": {str(k): _f(v) for k, v in result.by_dp_rank.items()},
+            "by_stage": {str(k): _f(v) for k, v in result.by_stage.items()},
+        },
+        "stragglers": stragglers(result, diagnoses, hosts, max_stragglers),
+        "diagnoses": [d.to_json() for d in diagnoses],
+        "data_quality": {
+            "rows_used": result.quality.rows_used,
+            "dropped_steps": result.quality.dropped_steps,
+            "duplicate_ops": result.quality.duplicate_ops,
+            "absent_ops": result.quality.absent_ops,
+            "reordered_instances": result.quality.reordered_instances,
+            "missing_workers": result.quality.missing_workers,
+            "invalid_rows": result.quality.invalid_rows,
+        },
+    }
+
+
+def stragglers(
+    result: WhatIfResult,
+    diagnoses: Sequence[Diagnosis],
+    hosts: Mapping[int, str],
+    limit: int,
+) -> list[dict[str, Any]]:
+    """Workers with S_w at or above the straggling threshold, worst first, each with the cause
+    that names it (else the leading diagnosis)."""
+    a = result.attribution
+    if a is None:
+        return []
+    grid = np.where(np.isnan(a.worker), -np.inf, a.worker)
+    order = np.argsort(-grid, axis=None, kind="stable")
+    out = []
+    for k in order[:limit]:
+        d, s = (int(i) for i in np.unravel_index(int(k), grid.shape))
+        if grid[d, s] < result.config.straggling_threshold:
+            break
+        key = (int(result.dp_ranks[d]), int(result.stages[s]))
+        cause = next((x.cause for x in diagnoses if key in x.workers), None)
+        if cause is None and diagnoses:
+            cause = diagnoses[0].cause
+        rank = int(result.worker_rank[d, s])
+        out.append(
+            {
+                "rank": rank,
+                "host": hosts.get(rank, ""),
+                "dp_rank": key[0],
+                "stage": key[1],
+                "slowdown": _f(float(grid[d, s])),
+                "cause": cause,
+            }
+        )
+    return out
+
+
+def step_series(result: WhatIfResult) -> list[dict[str, Any]]:
+    """Per step: simulated step time T_s(D), the ideal T(D*), S_s, and the recorded step time."""
+    return [
+        {
+            "step": int(step),
+            "step_time": _f(t),
+            "ideal_time": _f(result.ideal_step_time),
+            "slowdown": _f(s),
+            "trace_step_time": _f(tt),
+        }
+        for step, t, s, tt in zip(
+            result.steps, result.step_time, result.step_slowdown, result.trace_step_time, strict=True
+        )
+    ]
+
+
+def worker_grid(result: WhatIfResult) -> dict[str, Any]:
+    """The DP rank x stage grid of S_w (the paper's heatmap); values null without attribution."""
+    a = result.attribution
+    values = a.worker.tolist() if a else np.full(result.worker_rank.shape, np.nan).tolist()
+    return {
+        "dp_ranks": result.dp_ranks.tolist(),
+        "stages": result.stages.tolist(),
+        "values": [[_f(v) for v in row] for row in values],
+    }
+
+
+def rank_heatmap(
+    result: WhatIfResult, worker_ranks: Mapping[tuple[int, int], Sequence[int]] | None = None
+) -> dict[str, Any]:
+    """Rank x step grid of S_w per step. Every rank of a worker (its TP / CP peers, when given)
+    shows the worker's value."""
+    a = result.attribution
+    rows: list[tuple[int, list[float | None]]] = []
+    for d, dp in enumerate(result.dp_ranks):
+        for s, stage in enumerate(result.stages):
+            lead = int(result.worker_rank[d, s])
+            ranks = list((worker_ranks or {}).get((int(dp), int(stage)), [])) or ([lead] if lead >= 0 else [])
+            series: list[float | None] = (
+                [_f(v) for v in a.worker_step[d, s]] if a else [None] * len(result.steps)
+            )
+            rows.extend((int(r), series) for r in ranks)
+    rows.sort(key=lambda r: r[0])
+    return {
+        "ranks": [r for r, _ in rows],
+        "steps": [int(s) for s in result.steps],
+        "values": [v for _, v in rows],
+    }
+
+
+def _f(x: float | None) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None

@@ -1,0 +1,147 @@
+"""Add-back attribution S_X, the worker grid S_w, and the removal metrics M_W / M_S (DESIGN §5).
+
+Add-back: start from D*, restore the measured durations of slice X only, `S_X = T(X) / T(D*)`, for
+X = one op type (the four p2p kinds fold into forward- / backward-pp-comm), one DP rank, one
+stage, overall (means over steps) and per step. Removal: `M(X) = (T(D) - T(D with X idealised))
+/ (T(D) - T(D*))`, with X = every op of the top ceil(3%) of workers by S_w (M_W) or every op on
+the last stage (M_S).
+
+Decomposition (docs/analysis.md): the excess S - 1 splits, by construction, into
+- stage: forward / backward compute set to each stage's typical per-op time (the median over DP
+  ranks of each worker's mean), everything else at D*;
+- worker: compute at each worker's own mean, minus the stage part (persistent per-worker speed);
+- transient: all measured compute, minus the worker part (micro-batch / step variation: sequence
+  lengths, jitter);
+- rest: everything but forward / backward compute (communication, gc, data wait, ...).
+The four parts sum to S - 1; diagnosis turns them into causes.
+
+The op-type, stage, M_S and family variants run as one batch of restore masks; DP ranks run in the
+two-replica form (sources.ReplicaSource); M_W needs S_w first, so it runs last.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from smon_server.whatif import ops as O
+from smon_server.whatif.batches import Prepared, replay_by_replica, replay_restored
+from smon_server.whatif.ops import p2p_family
+from smon_server.whatif.replay import run
+from smon_server.whatif.result import Attribution, Decomposition
+from smon_server.whatif.sources import IdealSource, MaskedSource
+
+MODEL_COMPUTE = (O.FORWARD_COMPUTE, O.BACKWARD_COMPUTE)
+
+
+def attribute(prep: Prepared, step_time: np.ndarray, ideal: float, top_fraction: float) -> Attribution:
+    layout = prep.layout
+    n_slots, _, n_dp = prep.shape
+    n_stages = len(layout.stages)
+    slot_group = [p2p_family(layout.type_name(j)) for j in range(n_slots)]
+    op_groups = tuple(sorted(set(slot_group)))
+    group_index = np.array([op_groups.index(g) for g in slot_group], dtype=np.intp)
+    last_stage = layout.slot_stage == n_stages - 1
+    compute = np.isin([layout.type_name(j) for j in range(n_slots)], MODEL_COMPUTE)
+
+    # One batch: each op type restored, each stage restored, everything but the last stage, all
+    # model compute, all communication.
+    by_type = group_index[None, :] == np.arange(len(op_groups))[:, None]
+    by_stage = layout.slot_stage[None, :] == np.arange(n_stages)[:, None]
+    families = np.stack([~last_stage, compute, prep.graph.is_comm])
+    restore = np.concatenate([by_type, by_stage, families])
+    times = replay_restored(prep, np.repeat(restore[:, :, None], n_dp, axis=2))
+    t_type = times[: len(op_groups)]
+    t_stage = times[len(op_groups) : len(op_groups) + n_stages]
+    t_remove_last, t_compute, t_comm = times[-3], times[-2], times[-1]
+
+    # Restoring the only replica restores everything.
+    t_dp = replay_by_replica(prep) if n_dp > 1 else step_time[None, :].copy()
+
+    def overall(t: np.ndarray) -> np.ndarray:
+        return t.mean(axis=1) / ideal
+
+    s_dp, s_stage = overall(t_dp), overall(t_stage)
+    worker = np.minimum(s_dp[:, None], s_stage[None, :])
+    worker_step = np.minimum((t_dp / ideal)[:, None, :], (t_stage / ideal)[None, :, :])
+    seen = layout.ranks >= 0
+    if not seen.all() and (layout.ranks != -1).any():
+        worker = np.where(seen, worker, np.nan)
+        worker_step = np.where(seen[:, :, None], worker_step, np.nan)
+
+    top = top_workers(worker, top_fraction)
+    top_mask = np.zeros((n_dp, n_stages), dtype=bool)
+    for d, s in top:
+        top_mask[d, s] = True
+    in_top = top_mask[:, layout.slot_stage].T  # [slot, dp]
+    t_top = replay_restored(prep, np.stack([~in_top, in_top]))
+
+    base = float(step_time.mean())
+    gap = base - ideal
+    if gap <= 1e-12 * ideal:  # no slowdown to explain: the metrics are undefined
+        gap = 0.0
+
+    def removal(t: np.ndarray) -> float:
+        return (base - float(t.mean())) / gap if gap > 0 else math.nan
+
+    def addition(t: np.ndarray) -> float:
+        return (float(t.mean()) - ideal) / gap if gap > 0 else math.nan
+
+    return Attribution(
+        op_groups=op_groups,
+        op_type=overall(t_type),
+        op_type_step=t_type / ideal,
+        dp=s_dp,
+        dp_step=t_dp / ideal,
+        stage=s_stage,
+        stage_step=t_stage / ideal,
+        worker=worker,
+        worker_step=worker_step,
+        top_workers=tuple((int(layout.dp_ranks[d]), int(layout.stages[s])) for d, s in top),
+        m_w=removal(t_top[0]),
+        m_s=removal(t_remove_last),
+        m_w_add=addition(t_top[1]),
+        m_s_add=addition(t_stage[-1]),
+        decomposition=_decompose(prep, compute, ideal, base, float(t_compute.mean()), float(t_comm.mean())),
+    )
+
+
+def _decompose(
+    prep: Prepared, compute: np.ndarray, ideal: float, base: float, t_compute: float, t_comm: float
+) -> Decomposition:
+    """Stage / worker / transient / rest parts of the excess, from two extra step-free replays."""
+    layout, measured = prep.layout, prep.durations.measured
+    n_slots, _, n_dp = prep.shape
+    worker_profile = np.repeat(prep.durations.ideal[:, None, None], n_dp, axis=2)
+    stage_profile = prep.durations.ideal.copy()
+    keys = np.stack([layout.slot_stage, layout.slot_type, layout.slot_chunk], axis=1)[compute]
+    slots = np.flatnonzero(compute)
+    for key in np.unique(keys, axis=0):
+        same = slots[(keys == key).all(axis=1)]
+        per_worker = measured[same].mean(axis=(0, 1), dtype=np.float64)  # [dp]
+        worker_profile[same] = per_worker[None, None, :]
+        stage_profile[same] = float(np.median(per_worker))
+    t_stage = float(run(prep.program, IdealSource(stage_profile), (1, 1, 1), 2, np.float64)[0, 0])
+    src = MaskedSource(
+        worker_profile.astype(measured.dtype), prep.durations.ideal, np.ones((1, n_slots, n_dp), bool)
+    )
+    t_worker = float(run(prep.program, src, (1, 1, n_dp), 2, np.float64)[0, 0])
+    return Decomposition(
+        slowdown=base / ideal,
+        stage=t_stage / ideal,
+        worker=t_worker / ideal,
+        compute=t_compute / ideal,
+        communication=t_comm / ideal,
+    )
+
+
+def top_workers(worker: np.ndarray, fraction: float) -> list[tuple[int, int]]:
+    """Indices (dp, stage) of the ceil(fraction x workers) largest S_w, worst first; ties keep
+    grid order so the choice is deterministic."""
+    valid = ~np.isnan(worker)
+    k = max(1, math.ceil(fraction * int(valid.sum())))
+    flat = np.where(valid, worker, -np.inf).ravel()
+    order = np.argsort(-flat, kind="stable")[:k]
+    n_stages = worker.shape[1]
+    return [(int(i) // n_stages, int(i) % n_stages) for i in order]

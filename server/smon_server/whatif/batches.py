@@ -1,0 +1,127 @@
+"""Replay batches: everything built once per analysis (`Prepared`), and variants run in chunks.
+
+A batch is a set of what-if variants replayed together through one compiled program. Batches are
+cut into [variant, step] chunks that fit a memory budget and optionally run on threads (numpy
+releases the GIL inside large array operations; the replay is memory-bound, so one thread is the
+default).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+
+from smon_server.whatif.config import WhatIfConfig
+from smon_server.whatif.durations import Durations, measure
+from smon_server.whatif.graph import StepGraph, build_graph
+from smon_server.whatif.layout import StepLayout, build_layout
+from smon_server.whatif.ops import OpTable
+from smon_server.whatif.replay import Program, compile_program, run
+from smon_server.whatif.sources import IdealSource, MaskedSource, ReplicaSource
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything the replays need, built once per analysis."""
+
+    layout: StepLayout
+    graph: StepGraph
+    durations: Durations
+    program: Program
+    dtype: np.dtype
+    threads: int
+    memory_budget: int
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        n_slots, n_steps, n_dp = self.durations.measured.shape
+        return n_slots, n_steps, n_dp
+
+
+def prepare(table: OpTable, config: WhatIfConfig | None = None) -> Prepared:
+    config = config or WhatIfConfig()
+    single = config.precision == "single" or (config.precision == "auto" and len(table) > 1_000_000)
+    dtype = np.dtype(np.float32 if single else np.float64)
+    layout = build_layout(table, dtype)
+    graph = build_graph(layout)
+    durations = measure(layout, graph)
+    threads = config.threads or min(4, os.cpu_count() or 1)
+    return Prepared(
+        layout=layout,
+        graph=graph,
+        durations=durations,
+        program=compile_program(graph),
+        dtype=dtype,
+        threads=threads,
+        memory_budget=config.memory_budget,
+    )
+
+
+def ideal_step_time(prep: Prepared) -> float:
+    """T(D*): one replica, one step, since D* is the same everywhere."""
+    t = run(prep.program, IdealSource(prep.durations.ideal), (1, 1, 1), 2, np.float64)
+    return float(t[0, 0])
+
+
+def replay_restored(prep: Prepared, restore: np.ndarray) -> np.ndarray:
+    """Step times [variant, step] of variants given as restore masks [variant, slot, dp]."""
+    measured, ideal = prep.durations.measured, prep.durations.ideal
+    n_steps, n_dp = measured.shape[1], measured.shape[2]
+
+    def job(v0: int, v1: int, s0: int, s1: int) -> Callable[[], np.ndarray]:
+        source = MaskedSource(measured[:, s0:s1], ideal, restore[v0:v1])
+        shape = (v1 - v0, s1 - s0, n_dp)
+        return lambda: run(prep.program, source, shape, 2, prep.dtype)
+
+    return _batched(prep, restore.shape[0], n_steps, n_dp, job)
+
+
+def replay_by_replica(prep: Prepared) -> np.ndarray:
+    """Step times [dp rank, step] of add-back by DP rank (two replicas per variant)."""
+    measured, ideal = prep.durations.measured, prep.durations.ideal
+    n_steps, n_dp = measured.shape[1], measured.shape[2]
+
+    def job(v0: int, v1: int, s0: int, s1: int) -> Callable[[], np.ndarray]:
+        source = ReplicaSource(measured[:, s0:s1, v0:v1], ideal)
+        shape = (v1 - v0, s1 - s0, 2)
+        return lambda: run(prep.program, source, shape, 2, prep.dtype)
+
+    return _batched(prep, n_dp, n_steps, 2, job)
+
+
+def _batched(
+    prep: Prepared,
+    n_variants: int,
+    n_steps: int,
+    replicas: int,
+    job: Callable[[int, int, int, int], Callable[[], np.ndarray]],
+) -> np.ndarray:
+    """Split [variant, step] into chunks that fit the memory budget, one thread per chunk."""
+    per_entry = max(1, prep.program.n_buffers + 2) * replicas * prep.dtype.itemsize
+    max_entries = max(1, prep.memory_budget // per_entry)
+    total = n_variants * n_steps
+    n_chunks = max(math.ceil(total / max_entries), prep.threads if total >= 4096 else 1)
+    v_chunks = min(n_variants, n_chunks)
+    s_chunks = min(n_steps, math.ceil(n_chunks / v_chunks))
+    v_edges = np.linspace(0, n_variants, v_chunks + 1).astype(int)
+    s_edges = np.linspace(0, n_steps, s_chunks + 1).astype(int)
+    tasks = [
+        (int(v0), int(s0), job(int(v0), int(v1), int(s0), int(s1)))
+        for v0, v1 in pairwise(v_edges)
+        for s0, s1 in pairwise(s_edges)
+    ]
+    out = np.empty((n_variants, n_steps))
+    if len(tasks) == 1 or prep.threads == 1:
+        results = [task() for _, _, task in tasks]
+    else:
+        with ThreadPoolExecutor(max_workers=prep.threads) as pool:
+            results = list(pool.map(lambda t: t[2](), tasks))
+    for (v0, s0, _), result in zip(tasks, results, strict=True):
+        out[v0 : v0 + result.shape[0], s0 : s0 + result.shape[1]] = result
+    return out

@@ -1,0 +1,88 @@
+"""What-if slowdown of a job from its op table: S, per-step S_s, discrepancy, waste (DESIGN §5).
+
+`analyze(table)` lays the table out, builds the step graph, splits transfer from waiting, derives
+D*, and replays the graph for T(D) and T(D*); when S >= 1.03 it also runs every attribution
+variant (attribution.py). All replays share one compiled program and run as a few large batches
+(batches.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from smon_server.whatif.attribution import attribute
+from smon_server.whatif.batches import Prepared, ideal_step_time, prepare, replay_restored
+from smon_server.whatif.config import WhatIfConfig
+from smon_server.whatif.ops import OpTable
+from smon_server.whatif.result import Attribution, Decomposition, WhatIfResult
+
+__all__ = [
+    "Attribution",
+    "Decomposition",
+    "Prepared",
+    "WhatIfConfig",
+    "WhatIfResult",
+    "analyze",
+]
+
+
+def analyze(
+    table: OpTable,
+    *,
+    gpus: int | None = None,
+    elapsed_hours: float | None = None,
+    config: WhatIfConfig | None = None,
+) -> WhatIfResult:
+    """The what-if analysis of `table`. `gpus` and `elapsed_hours` (wall time of the analysed
+    window) only feed `gpu_hours_wasted`."""
+    config = config or WhatIfConfig()
+    offsets = None
+    if config.align_clocks:
+        from smon_server.whatif.clock import align_clocks
+
+        table, offsets = align_clocks(table)
+    prep = prepare(table, config)
+    ideal = ideal_step_time(prep)
+    step_time = replay_restored(prep, np.ones((1, prep.shape[0], prep.shape[2]), dtype=bool))[0]
+    mean_time = float(step_time.mean())
+    slowdown = _ratio(mean_time, ideal)
+    trace = prep.durations.trace_step_time
+    discrepancy = _ratio(float(trace.mean()), mean_time)
+    waste = 1.0 - 1.0 / slowdown if slowdown > 0 else 0.0
+    attribution = None
+    if slowdown >= config.attribution_threshold or config.force_attribution:
+        attribution = attribute(prep, step_time, ideal, config.top_worker_fraction)
+    hours = None
+    if gpus is not None and elapsed_hours is not None:
+        hours = max(waste, 0.0) * gpus * elapsed_hours
+    layout = prep.layout
+    return WhatIfResult(
+        steps=layout.steps,
+        dp_ranks=layout.dp_ranks,
+        stages=layout.stages,
+        worker_rank=layout.ranks,
+        trace_step_time=trace,
+        step_time=step_time,
+        ideal_step_time=ideal,
+        slowdown=slowdown,
+        step_slowdown=step_time / ideal if ideal > 0 else np.ones_like(step_time),
+        discrepancy=discrepancy,
+        step_discrepancy=np.divide(trace, step_time, out=np.ones_like(trace), where=step_time > 0),
+        discrepancy_flagged=abs(discrepancy - 1.0) > config.discrepancy_flag,
+        waste_fraction=waste,
+        gpu_hours_wasted=hours,
+        ideal_durations=prep.durations.ideal_by_type,
+        quality=layout.quality,
+        config=config,
+        attribution=attribution,
+        clock_offsets=offsets,
+        prepared=prep,
+    )
+
+
+def _ratio(a: float, b: float) -> float:
+    if b > 0:
+        return a / b
+    return 1.0 if a <= 0 else math.inf
