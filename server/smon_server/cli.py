@@ -53,7 +53,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from smon_server import offline
 
-    return offline.main(args.trace, args.meta, as_json=args.json)
+    return offline.main(args.trace, args.meta, as_json=args.json, estimator=args.estimator)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("trace", type=Path, help="per-op parquet trace")
     analyze.add_argument("--meta", type=Path, help="job meta YAML (dp/pp/tp sizes)")
     analyze.add_argument("--json", action="store_true", help="print the summary object as JSON")
+    analyze.add_argument(
+        "--estimator",
+        choices=("paper", "robust"),
+        default="paper",
+        help="ideal durations: the paper's mean over all instances (default, reproduces its "
+        "results) or the mean over workers that do not stand out from their peers",
+    )
     analyze.set_defaults(func=cmd_analyze)
     return parser
 

@@ -15,19 +15,21 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from smon_server.views.summary import to_summary
-from smon_server.whatif.diagnosis import Diagnosis, diagnose
+from smon_server.whatif.config import Estimator, WhatIfConfig
+from smon_server.whatif.diagnosis import Diagnosis, diagnose, stragglers
 from smon_server.whatif.engine import WhatIfResult, analyze
 from smon_server.whatif.layout import AnalysisError
 from smon_server.whatif.trace import TraceError, load_trace
 
 
 def analyze_file(
-    trace: str | Path, meta: str | Path | None = None
+    trace: str | Path, meta: str | Path | None = None, estimator: Estimator = "paper"
 ) -> tuple[dict[str, Any], WhatIfResult, list[Diagnosis]]:
+    """`estimator` "paper" (the default: reproduces the published results) or "robust"."""
     loaded = load_trace(trace, meta)
     n_workers = len(set(zip(loaded.table.dp_rank.tolist(), loaded.table.stage.tolist(), strict=True)))
     gpus = loaded.meta.world_size if loaded.meta and loaded.meta.world_size else n_workers
-    result = analyze(loaded.table)
+    result = analyze(loaded.table, config=WhatIfConfig(estimator=estimator))
     # The elapsed time is known once the steps are measured: the traced steps' own duration.
     hours = float(result.trace_step_time.sum()) / 3600.0
     result = replace(result, gpu_hours_wasted=max(result.waste_fraction, 0.0) * gpus * hours)
@@ -37,18 +39,24 @@ def analyze_file(
         diagnoses,
         job_id=loaded.name,
         world_size=loaded.meta.world_size if loaded.meta else None,
+        stragglers=stragglers(loaded.table, result),
     )
+    summary["state"] = "finished"
     summary["data_quality"]["rows_rejected"] = loaded.rows_rejected
     return summary, result, diagnoses
 
 
 def main(
-    trace: str | Path, meta: str | Path | None = None, as_json: bool = False, out: TextIO | None = None
+    trace: str | Path,
+    meta: str | Path | None = None,
+    as_json: bool = False,
+    out: TextIO | None = None,
+    estimator: Estimator = "paper",
 ) -> int:
     """Exit status: 0 analysed, 2 the trace or meta file could not be analysed."""
     out = out or sys.stdout
     try:
-        summary, result, _ = analyze_file(trace, meta)
+        summary, result, _ = analyze_file(trace, meta, estimator)
     except (TraceError, AnalysisError) as e:
         print(f"smon analyze: {e}", file=sys.stderr)
         return 2

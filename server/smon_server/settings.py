@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -43,6 +43,12 @@ class Settings(BaseSettings):
     analysis_window_steps: Annotated[int, Field(gt=0)] = 500
     stall_seconds: Annotated[float, Field(gt=0)] = 120.0
     gpu_hour_price: Annotated[float, Field(ge=0)] = 0.0
+    # The first steps after a start or restart (allocator, lazy init, DDP bucket rebuild) are
+    # shown but left out of S, attribution, diagnoses and GPU-hours.
+    warmup_steps: Annotated[int, Field(ge=0)] = 10
+    # D*: "robust" leaves workers that stand out from their peers out of the ideal (live default,
+    # true on small jobs); "paper" is the published estimator (mean over every instance).
+    estimator: Literal["paper", "robust"] = "robust"
     auto_migrate: bool = True
 
     # Ingest limits: what a single batch and record may hold before it is rejected.

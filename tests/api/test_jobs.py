@@ -18,6 +18,7 @@ from tests.conftest import server_settings
 
 WORLD = 4
 STEPS = 30
+WARMUP = 10  # the default SMON_WARMUP_STEPS: shown, not analysed
 SLOW_RANK = 2
 
 
@@ -93,19 +94,25 @@ def test_summary_names_the_slow_rank(client: httpx.Client, slow_job: str) -> Non
     ):
         assert key in s
     assert set(s["attribution"]) == {"by_op_type", "by_dp_rank", "by_stage"}
-    assert s["steps_seen"] == STEPS
-    # Exact: forward 10 ms + 30 ms on one of 4 ranks, everything else equal on every rank.
+    assert (s["steps_seen"], s["from_step"], s["to_step"]) == (STEPS - WARMUP, WARMUP, STEPS - 1)
+    assert (s["warmup_steps"], s["estimator"], s["discrepancy_flagged"]) == (WARMUP, "robust", False)
+    # Exact: forward 10 ms + 30 ms on one of 4 ranks, everything else equal on every rank. The
+    # robust ideal leaves the slow rank's forward out (the paper's mean would keep 30/4 ms of it).
     measured = 0.002 + 0.040 + 0.020 + 0.004 + 0.003
-    ideal = 0.002 + (0.010 + 0.030 / WORLD) + 0.020 + 0.004 + 0.003
+    ideal = 0.002 + 0.010 + 0.020 + 0.004 + 0.003
     assert s["slowdown"] == pytest.approx(measured / ideal, rel=1e-6)
-    assert s["stragglers"][0] == {
+    assert s["simulation_discrepancy"] == pytest.approx(1.0, abs=1e-6)
+    straggler = s["stragglers"][0]
+    assert {k: straggler[k] for k in ("rank", "host", "dp_rank", "stage", "cause")} == {
         "rank": SLOW_RANK,
         "host": f"node-{SLOW_RANK}",
         "dp_rank": SLOW_RANK,
         "stage": 0,
-        "slowdown": pytest.approx(s["slowdown"], rel=1e-6),
         "cause": "slow_worker",
     }
+    assert straggler["slowdown"] == pytest.approx(s["slowdown"], rel=1e-6)
+    assert straggler["evidence"]["op_type"] == "forward-compute"
+    assert straggler["evidence"]["surplus_s_per_step"] == pytest.approx(0.030, rel=1e-6)
     assert len(s["stragglers"]) == 1
     first = s["diagnoses"][0]
     assert first["cause"] == "slow_worker"
@@ -115,11 +122,11 @@ def test_summary_names_the_slow_rank(client: httpx.Client, slow_job: str) -> Non
 
 def test_steps_and_windows(client: httpx.Client, slow_job: str) -> None:
     steps = client.get(f"/api/v1/jobs/{slow_job}/steps").json()["steps"]
-    assert [s["step"] for s in steps] == list(range(STEPS))
+    assert [s["step"] for s in steps] == list(range(WARMUP, STEPS))
     for s in steps:
         assert s["slowdown"] == pytest.approx(s["step_time"] / s["ideal_time"])
-    window = client.get(f"/api/v1/jobs/{slow_job}/steps", params={"from_step": 10, "to_step": 14})
-    assert [s["step"] for s in window.json()["steps"]] == [10, 11, 12, 13, 14]
+    window = client.get(f"/api/v1/jobs/{slow_job}/steps", params={"from_step": 12, "to_step": 16})
+    assert [s["step"] for s in window.json()["steps"]] == [12, 13, 14, 15, 16]
     last = client.get(f"/api/v1/jobs/{slow_job}/summary", params={"window": 5}).json()
     assert (last["steps_seen"], last["from_step"], last["to_step"]) == (5, STEPS - 5, STEPS - 1)
 
@@ -127,8 +134,8 @@ def test_steps_and_windows(client: httpx.Client, slow_job: str) -> None:
 def test_heatmaps_and_worker_grid(client: httpx.Client, slow_job: str) -> None:
     heat = client.get(f"/api/v1/jobs/{slow_job}/heatmap").json()
     assert heat["ranks"] == list(range(WORLD))
-    assert heat["steps"] == list(range(STEPS))
-    hottest = [max(range(WORLD), key=lambda r: heat["values"][r][j]) for j in range(STEPS)]
+    assert heat["steps"] == list(range(WARMUP, STEPS))
+    hottest = [max(range(WORLD), key=lambda r: heat["values"][r][j]) for j in range(STEPS - WARMUP)]
     assert set(hottest) == {SLOW_RANK}
     fwd = client.get(f"/api/v1/jobs/{slow_job}/heatmap", params={"metric": "forward"}).json()
     assert fwd["values"][SLOW_RANK][0] == pytest.approx(0.040)

@@ -20,6 +20,7 @@ from tests.whatif.conftest import require_conformance
 SUMMARY_FIELDS = {
     "job_id", "world_size", "steps_seen", "slowdown", "waste_fraction", "gpu_hours_wasted",
     "simulation_discrepancy", "m_w", "m_s", "attribution", "stragglers", "diagnoses",
+    "state", "from_step", "to_step", "warmup_steps", "estimator", "discrepancy_flagged",
 }  # fmt: skip
 
 
@@ -54,7 +55,7 @@ def check_summary(s: dict) -> None:
     slow = [w["slowdown"] for w in s["stragglers"]]
     assert slow == sorted(slow, reverse=True)
     for w in s["stragglers"]:
-        assert set(w) == {"rank", "host", "dp_rank", "stage", "slowdown", "cause"}
+        assert set(w) == {"rank", "host", "dp_rank", "stage", "slowdown", "cause", "evidence"}
     shares = [d["share"] for d in s["diagnoses"]]
     assert shares == sorted(shares, reverse=True)
     for d in s["diagnoses"]:

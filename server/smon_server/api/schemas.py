@@ -29,8 +29,11 @@ class Straggler(BaseModel):
     host: str
     dp_rank: int
     stage: int
-    slowdown: float
-    cause: str | None
+    slowdown: float = Field(description="S_w: the job's slowdown with only this worker's own durations")
+    cause: str | None = Field(description="this worker's own cause (not the job's leading one)")
+    evidence: dict[str, Any] = Field(
+        default_factory=dict, description="the op type it loses time in, how much, on which steps"
+    )
 
 
 class Diagnosis(BaseModel):
@@ -52,12 +55,16 @@ class SummaryOut(BaseModel):
     state: str
     world_size: int
     steps_seen: int
-    from_step: int | None
+    from_step: int | None = Field(description="first analysed step (after warm-up)")
     to_step: int | None
+    warmup_steps: int = Field(0, description="steps after each start / restart left out of S")
+    estimator: str = Field("robust", description="how the ideal durations D* were estimated")
     slowdown: float | None
     waste_fraction: float | None
     gpu_hours_wasted: float
+    ideal_step_time: float | None = None
     simulation_discrepancy: float | None
+    discrepancy_flagged: bool = Field(False, description="replay misses the measured steps by > 5%")
     m_w: float | None
     m_s: float | None
     attribution: Attribution

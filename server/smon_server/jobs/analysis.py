@@ -7,6 +7,7 @@ S_w), `rank_slowdown` (rank × step heatmap of S_w), `rank_overall` (S_w per ran
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -18,6 +19,7 @@ from smon_server.settings import Settings
 from smon_server.store import queries
 from smon_server.store.models import AnalysisResult, Job
 from smon_server.store.queries import StepWindow
+from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.from_steps import build_op_table, complete_steps
 from smon_server.whatif.signals import HangState
 
@@ -55,8 +57,19 @@ def analyze_job(
     )
     agents = queries.job_agents(session=session, job_id=job.job_id)
     liveness = job_liveness(job, agents, now=now, stall_seconds=settings.stall_seconds)
-    rows = complete_steps(queries.step_rows(session=session, job_id=job.job_id, from_step=lo, to_step=hi))
-    times = queries.step_times(session=session, job_id=job.job_id, from_step=lo, to_step=hi)
+    warm = warmup_ranges(queries.restart_steps(session=session, job_id=job.job_id), settings.warmup_steps)
+    rows = [
+        r
+        for r in complete_steps(
+            queries.step_rows(session=session, job_id=job.job_id, from_step=lo, to_step=hi)
+        )
+        if not in_ranges(r.step, warm)
+    ]
+    times = [
+        t
+        for t in queries.step_times(session=session, job_id=job.job_id, from_step=lo, to_step=hi)
+        if not in_ranges(t[0], warm)
+    ]
     window_start = min((t[1] for t in times), default=None)
     window_end = max((t[2] for t in times), default=None)
     health = gpu_health(queries.gpu_samples(session=session, job_id=job.job_id, since=window_start), agents)
@@ -79,6 +92,8 @@ def analyze_job(
         worker_ranks=worker_ranks,
         job_id=job.job_id,
         world_size=job.world_size,
+        config=WhatIfConfig(estimator=settings.estimator),
+        warmup_steps=settings.warmup_steps,
     )
     summary = analysis.summary
     summary.update(
@@ -97,6 +112,15 @@ def analyze_job(
         "rank_slowdown": analysis.rank_slowdown,
         "rank_overall": {str(k): v for k, v in analysis.rank_overall.items()},
     }
+
+
+def warmup_ranges(starts: Sequence[int], warmup_steps: int) -> list[tuple[int, int]]:
+    """[first, first + warmup) for every start or restart of the job's agents."""
+    return [(s, s + warmup_steps) for s in starts] if warmup_steps > 0 else []
+
+
+def in_ranges(step: int, ranges: Sequence[tuple[int, int]]) -> bool:
+    return any(lo <= step < hi for lo, hi in ranges)
 
 
 def phase_heatmap(

@@ -13,7 +13,6 @@ from smon_server.whatif.signals import GpuHealth
 THROTTLE_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SW power cap, HW slowdown, SW/HW thermal, brake
 
 
-
 def gpu_health(samples: Sequence[GpuSample], agents: Sequence[Agent]) -> dict[int, GpuHealth]:
     """Per rank: how often its GPU throttled, its SM clock vs max, and its error counts."""
     by_rank: dict[int, list[GpuSample]] = {}

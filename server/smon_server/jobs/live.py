@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smon_server.views.summary import rank_heatmap, step_series, to_summary, worker_grid
-from smon_server.whatif.diagnosis import Diagnosis, diagnose
-from smon_server.whatif.engine import WhatIfConfig, WhatIfResult, analyze
+from smon_server.whatif.config import WhatIfConfig
+from smon_server.whatif.diagnosis import Diagnosis, diagnose, stragglers
+from smon_server.whatif.engine import WhatIfResult, analyze
 from smon_server.whatif.layout import AnalysisError
 from smon_server.whatif.ops import OpTable
 from smon_server.whatif.signals import GpuHealth, HangState, Signals
@@ -43,6 +44,8 @@ def analyze_live(
     job_id: str | None = None,
     world_size: int | None = None,
     config: WhatIfConfig | None = None,
+    warmup_steps: int = 0,
+    backend: str = "",
 ) -> LiveAnalysis:
     """`health` is keyed by global rank; any object with GpuHealth's fields works.
     `worker_ranks` maps (dp rank, stage) to all its ranks (TP / CP peers) for the per-rank views."""
@@ -51,6 +54,7 @@ def analyze_live(
         hang=hang,
         hosts=dict(hosts or {}),
         worker_ranks={k: tuple(v) for k, v in (worker_ranks or {}).items()},
+        backend=backend,
     )
     result: WhatIfResult | None = None
     error = None
@@ -64,7 +68,7 @@ def analyze_live(
     diagnoses = diagnose(ops, result, signals)
     if result is None:
         return LiveAnalysis(
-            summary=_empty_summary(job_id, world_size, diagnoses, error),
+            summary=_empty_summary(job_id, world_size, diagnoses, error, config, warmup_steps),
             diagnoses=diagnoses,
             error=error,
         )
@@ -77,7 +81,15 @@ def analyze_live(
                 ranks = (worker_ranks or {}).get((int(dp), int(stage))) or [int(result.worker_rank[d, s])]
                 overall.update({int(r): float(a.worker[d, s]) for r in ranks if r >= 0})
     return LiveAnalysis(
-        summary=to_summary(result, diagnoses, job_id=job_id, world_size=world_size, hosts=hosts),
+        summary=to_summary(
+            result,
+            diagnoses,
+            job_id=job_id,
+            world_size=world_size,
+            hosts=hosts,
+            stragglers=stragglers(ops, result, signals),
+            warmup_steps=warmup_steps,
+        ),
         steps=step_series(result),
         workers=worker_grid(result),
         rank_slowdown=heatmap,
@@ -88,12 +100,22 @@ def analyze_live(
 
 
 def _empty_summary(
-    job_id: str | None, world_size: int | None, diagnoses: list[Diagnosis], error: str | None
+    job_id: str | None,
+    world_size: int | None,
+    diagnoses: list[Diagnosis],
+    error: str | None,
+    config: WhatIfConfig | None,
+    warmup_steps: int,
 ) -> dict[str, Any]:
     return {
         "job_id": job_id,
         "world_size": world_size,
         "steps_seen": 0,
+        "from_step": None,
+        "to_step": None,
+        "warmup_steps": warmup_steps,
+        "estimator": (config or WhatIfConfig()).estimator,
+        "ideal_step_time": None,
         "slowdown": None,
         "waste_fraction": None,
         "gpu_hours_wasted": None,

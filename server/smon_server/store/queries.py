@@ -124,6 +124,16 @@ def step_times(
     return [(int(s), float(a), float(b)) for s, a, b in session.execute(stmt)]
 
 
+def restart_steps(*, session: Session, job_id: str) -> list[int]:
+    """The first step each agent incarnation reported: where the job started or restarted."""
+    stmt = (
+        select(func.min(StepRecord.step))
+        .where(StepRecord.job_id == job_id)
+        .group_by(StepRecord.agent_id)
+    )
+    return sorted({int(s) for s in session.scalars(stmt)})
+
+
 def gpu_samples(
     *,
     session: Session,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from smon_server.whatif.diagnosis import Diagnosis
+from smon_server.whatif.diagnosis import Diagnosis, Straggler
 from smon_server.whatif.engine import WhatIfResult
 
 
@@ -23,8 +23,10 @@ def to_summary(
     job_id: str | None = None,
     world_size: int | None = None,
     hosts: Mapping[int, str] | None = None,
-    max_stragglers: int = 16,
+    stragglers: Sequence[Straggler] = (),
+    warmup_steps: int = 0,
 ) -> dict[str, Any]:
+    """`stragglers` come from `diagnosis.stragglers()`, worst first."""
     hosts = hosts or {}
     a = result.attribution
     by_op_type = dict(sorted(result.by_op_type.items(), key=lambda kv: -kv[1]))
@@ -32,6 +34,11 @@ def to_summary(
         "job_id": job_id,
         "world_size": world_size,
         "steps_seen": len(result.steps),
+        "from_step": int(result.steps[0]) if len(result.steps) else None,
+        "to_step": int(result.steps[-1]) if len(result.steps) else None,
+        "warmup_steps": warmup_steps,
+        "estimator": result.config.estimator,
+        "ideal_step_time": _f(result.ideal_step_time),
         "slowdown": _f(result.slowdown),
         "waste_fraction": _f(result.waste_fraction),
         "gpu_hours_wasted": _f(result.gpu_hours_wasted),
@@ -44,7 +51,7 @@ def to_summary(
             "by_dp_rank": {str(k): _f(v) for k, v in result.by_dp_rank.items()},
             "by_stage": {str(k): _f(v) for k, v in result.by_stage.items()},
         },
-        "stragglers": stragglers(result, diagnoses, hosts, max_stragglers),
+        "stragglers": [_straggler(result, s, hosts) for s in stragglers],
         "diagnoses": [d.to_json() for d in diagnoses],
         "data_quality": {
             "rows_used": result.quality.rows_used,
@@ -58,40 +65,17 @@ def to_summary(
     }
 
 
-def stragglers(
-    result: WhatIfResult,
-    diagnoses: Sequence[Diagnosis],
-    hosts: Mapping[int, str],
-    limit: int,
-) -> list[dict[str, Any]]:
-    """Workers with S_w at or above the straggling threshold, worst first, each with the cause
-    that names it (else the leading diagnosis)."""
-    a = result.attribution
-    if a is None:
-        return []
-    grid = np.where(np.isnan(a.worker), -np.inf, a.worker)
-    order = np.argsort(-grid, axis=None, kind="stable")
-    out = []
-    for k in order[:limit]:
-        d, s = (int(i) for i in np.unravel_index(int(k), grid.shape))
-        if grid[d, s] < result.config.straggling_threshold:
-            break
-        key = (int(result.dp_ranks[d]), int(result.stages[s]))
-        cause = next((x.cause for x in diagnoses if key in x.workers), None)
-        if cause is None and diagnoses:
-            cause = diagnoses[0].cause
-        rank = int(result.worker_rank[d, s])
-        out.append(
-            {
-                "rank": rank,
-                "host": hosts.get(rank, ""),
-                "dp_rank": key[0],
-                "stage": key[1],
-                "slowdown": _f(float(grid[d, s])),
-                "cause": cause,
-            }
-        )
-    return out
+def _straggler(result: WhatIfResult, s: Straggler, hosts: Mapping[int, str]) -> dict[str, Any]:
+    rank = int(result.worker_rank[s.dp_index, s.stage_index])
+    return {
+        "rank": rank,
+        "host": hosts.get(rank, ""),
+        "dp_rank": int(result.dp_ranks[s.dp_index]),
+        "stage": int(result.stages[s.stage_index]),
+        "slowdown": _f(s.slowdown),
+        "cause": s.cause,
+        "evidence": s.evidence,
+    }
 
 
 def step_series(result: WhatIfResult) -> list[dict[str, Any]]:

@@ -50,7 +50,7 @@ def prepare(table: OpTable, config: WhatIfConfig | None = None) -> Prepared:
     dtype = np.dtype(np.float32 if single else np.float64)
     layout = build_layout(table, dtype)
     graph = build_graph(layout)
-    durations = measure(layout, graph)
+    durations = measure(layout, graph, estimator=config.estimator, outlier_tolerance=config.outlier_tolerance)
     threads = config.threads or min(4, os.cpu_count() or 1)
     return Prepared(
         layout=layout,

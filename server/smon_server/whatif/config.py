@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+Estimator = Literal["paper", "robust"]
+
 
 @dataclass(frozen=True)
 class WhatIfConfig:
@@ -17,3 +19,7 @@ class WhatIfConfig:
     memory_budget: int = 384 << 20  # bytes of replay buffers per thread
     force_attribution: bool = False  # attribute even below the threshold (tests, drill-down)
     align_clocks: bool = False  # estimate per-worker clock offsets from shared ends (clock.py)
+    # D* of compute: "paper" = mean over every instance (Lin et al.; conformance), "robust" = the
+    # same mean over the workers that do not stand out from their stage peers (durations.py).
+    estimator: Estimator = "paper"
+    outlier_tolerance: float = 0.10  # robust: a worker this much above its peers' typical time is out

@@ -6,7 +6,13 @@ only the transfer part belongs to the op (`transfer_i = end_i - max_{j in G} sta
 shows up where it is caused, not in every peer's collective.
 
 D*: per op type, over every instance in the window: compute -> the mean (over all stages too,
-which is what models a balanced partition), communication -> the median transfer time. Absent
+which is what models a balanced partition), communication -> the median transfer time.
+That is the paper's estimator. On a small job the mean keeps much of a straggler inside the ideal
+(2 workers: half of it), so the `robust` estimator first leaves out the workers that stand out from
+their stage's DP peers in that op type (per-worker mean above the peers' typical one by more than a
+tolerance), then takes the same mean over the rest: a slow rank, its slow data loader, its GC
+pauses or rank 0's evaluation are not part of the ideal, while work every worker does (and stage
+imbalance, since stages are never compared with each other) stays in it. Absent
 instances (a `gc` op on steps without a collection) count as zero-cost compute instances, so D* of
 an occasional phase is its average cost per step; absent communication instances are left out of
 the median. One D* per op type makes the ideal step identical on every step and DP replica.
@@ -14,7 +20,7 @@ the median. One D* per op type makes the ideal step identical on every step and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,9 +34,22 @@ class Durations:
     ideal: np.ndarray  # [n_slots] D* of each slot's op type
     ideal_by_type: dict[str, float]
     trace_step_time: np.ndarray  # [n_steps]: latest end - earliest start, as recorded
+    # robust estimator: per op type, the workers (dp index, stage index) left out of its D*
+    left_out: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
 
-def measure(layout: StepLayout, graph: StepGraph, *, release_start: bool = True) -> Durations:
+# Below this a per-worker difference in an op type's time is noise whatever its ratio (seconds).
+ABSOLUTE_TOLERANCE = 50e-6
+
+
+def measure(
+    layout: StepLayout,
+    graph: StepGraph,
+    *,
+    release_start: bool = True,
+    estimator: str = "paper",
+    outlier_tolerance: float = 0.10,
+) -> Durations:
     """Transfer times, trace step times and D*. With `release_start` the layout's start array is
     dropped afterwards (the replay never needs it; on large jobs it is a third of the memory)."""
     start, duration, present = layout.start, layout.duration, layout.present
@@ -65,6 +84,7 @@ def measure(layout: StepLayout, graph: StepGraph, *, release_start: bool = True)
         measured[idx] = transfer
 
     ideal_by_type: dict[str, float] = {}
+    left_out: dict[str, list[tuple[int, int]]] = {}
     ideal = np.zeros(layout.n_slots)
     for code in np.unique(layout.slot_type):
         slots = np.flatnonzero(layout.slot_type == code)
@@ -73,6 +93,10 @@ def measure(layout: StepLayout, graph: StepGraph, *, release_start: bool = True)
         if graph.is_comm[slots[0]]:
             chosen = values[present[slots]]
             value = float(np.median(chosen)) if chosen.size else 0.0
+        elif estimator == "robust":
+            value, out = _robust_mean(values, layout.slot_stage[slots], present[slots], outlier_tolerance)
+            if out:
+                left_out[name] = out
         else:
             value = float(values.mean(dtype=np.float64))
         ideal_by_type[name] = value
@@ -81,5 +105,41 @@ def measure(layout: StepLayout, graph: StepGraph, *, release_start: bool = True)
         layout.start = np.empty((0, 0, 0))
         layout.present = np.empty((0, 0, 0), dtype=bool)
     return Durations(
-        measured=measured, ideal=ideal, ideal_by_type=ideal_by_type, trace_step_time=trace_step_time
+        measured=measured,
+        ideal=ideal,
+        ideal_by_type=ideal_by_type,
+        trace_step_time=trace_step_time,
+        left_out=left_out,
     )
+
+
+def _robust_mean(
+    values: np.ndarray, slot_stage: np.ndarray, present: np.ndarray, tolerance: float
+) -> tuple[float, list[tuple[int, int]]]:
+    """Mean over the instances of the workers that do not stand out in this op type.
+
+    `values` is [k slots, steps, dp] of one op type. Per stage, each DP worker's cost per step is
+    compared with the *lower* median of its peers (for 2 workers: the faster one, so a straggler
+    cannot hide in the reference); a worker more than max(tolerance x reference, 3 robust sigmas,
+    50 µs) above it is left out. Workers with no instance of the op type at all stay in (they
+    are its zero-cost instances, as in the paper's mean)."""
+    total, count = 0.0, 0
+    left_out: list[tuple[int, int]] = []
+    for stage in np.unique(slot_stage):
+        rows = slot_stage == stage
+        block = values[rows]  # [k, steps, dp]
+        per_worker = block.sum(axis=0, dtype=np.float64).mean(axis=0)  # [dp]: cost per step
+        seen = present[rows].any(axis=(0, 1))
+        keep = np.ones(per_worker.shape[0], dtype=bool)
+        peers = np.sort(per_worker[seen])
+        if peers.size >= 2:
+            reference = float(peers[(peers.size - 1) // 2])
+            spread = 0.0
+            if peers.size >= 5:
+                spread = 1.4826 * float(np.median(np.abs(peers - np.median(peers))))
+            limit = reference + max(tolerance * reference, 3.0 * spread, ABSOLUTE_TOLERANCE)
+            keep = ~seen | (per_worker <= limit)
+            left_out.extend((int(d), int(stage)) for d in np.flatnonzero(~keep))
+        total += float(block[:, :, keep].sum(dtype=np.float64))
+        count += int(block.shape[0] * block.shape[1] * int(keep.sum()))
+    return (total / count if count else 0.0), left_out

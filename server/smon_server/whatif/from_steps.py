@@ -1,10 +1,12 @@
 """Turn stored agent step records into the engine's operation table.
 
-Each span an agent timed becomes one operation of the matching op type (DESIGN §5). Two things
+Each span an agent timed becomes one operation of the matching op type (DESIGN §5). Three things
 happen on the way:
-- GC pauses run *inside* whatever phase was open; the agent reports them as `gc` spans and the
-  enclosing span keeps its wall time, so the pause is subtracted from the enclosing op here and the
-  `gc` op carries it alone (no double counting in the replay).
+- A span nested in another (a GC pause inside forward, a custom phase inside a step phase) is
+  carved out of the enclosing op, which keeps only its exclusive time: no double counting.
+- Every stretch of the step no span covers becomes a `host` op (untimed host work: logging,
+  evaluation loops, clipping, sleeps), so the replayed step is the real one and work outside the
+  timed phases can be blamed like any other.
 - TP peers of one worker run in lockstep: only the lowest tp_rank of each (dp_rank, stage) worker
   is kept for the simulation (the per-rank heatmap still reads every rank's records).
 Records with no spans (an agent that only reports phase totals) get their phases laid end to end
@@ -82,6 +84,7 @@ def complete_steps(rows: Iterable[Row]) -> list[Row]:
 
 def build_op_table(rows: Iterable[StepLike]) -> OpTable:
     names: dict[str, int] = {}
+    host_ids: dict[tuple[str, int], int] = {}  # (op type it precedes, its occurrence) -> host seq_id
     lead_tp: dict[tuple[int, int], int] = {}
     rows = list(rows)
     for r in rows:
@@ -93,11 +96,11 @@ def build_op_table(rows: Iterable[StepLike]) -> OpTable:
         if r.tp_rank != lead_tp[(r.dp_rank, r.pp_rank)]:
             continue
         mb_sq = {int(m[0]): float(m[3]) for m in r.microbatch_seq}
-        counts: dict[str, int] = {}
-        for op_type, start, duration, microbatch, chunk in _operations(r):
+        for op in _with_host_work(_operations(r), float(r.duration)):
+            op_type, start, duration, microbatch, chunk, seq_id, precedes = op
             code = names.setdefault(op_type, len(names))
-            seq_id = counts.get(op_type, 0)
-            counts[op_type] = seq_id + 1
+            if op_type == O.HOST:  # named by the op it precedes, so steps with and without it align
+                seq_id = host_ids.setdefault((precedes, seq_id), len(host_ids))
             cols["dp_rank"].append(r.dp_rank)
             cols["stage"].append(r.pp_rank)
             cols["step"].append(r.step)
@@ -124,33 +127,75 @@ def _seq_sq(op_type: str, microbatch: int, per_mb: dict[int, float], step_sq: fl
     return float("nan")
 
 
-def _operations(r: StepLike) -> list[tuple[str, float, float, int, int]]:
-    """(op type, start relative to the step, duration, microbatch, chunk), in start order."""
+# (op type, start relative to the step, exclusive duration, microbatch, chunk, end of its interval)
+_Op = tuple[str, float, float, int, int, float]
+# What build_op_table consumes: (op type, start, duration, microbatch, chunk, seq_id, precedes)
+_Numbered = tuple[str, float, float, int, int, int, str]
+
+# Gaps shorter than this between timed phases are timer noise, not host work.
+MIN_HOST_GAP = 1e-6
+
+
+def _with_host_work(ops: list[_Op], step_duration: float) -> list[_Numbered]:
+    """Number each op type's occurrences and add a `host` op for every stretch of the step that no
+    timed op covers: every second of the step is then in some op, so the replay is the real step.
+
+    A host op's seq_id is the occurrence of the op it precedes (the tail: of the step's end), so
+    rank 0's occasional evaluation or a sleep before each micro-step's forward line up across
+    steps and workers; the caller renumbers (op type, occurrence) pairs into dense seq_ids."""
+    out: list[_Numbered] = []
+    counts: dict[str, int] = {}
+    cursor = 0.0
+    for op_type, start, duration, microbatch, chunk, end in ops:
+        occurrence = counts.get(op_type, 0)
+        counts[op_type] = occurrence + 1
+        if start - cursor > MIN_HOST_GAP:
+            out.append((O.HOST, cursor, start - cursor, -1, 0, occurrence, op_type))
+        out.append((op_type, start, duration, microbatch, chunk, occurrence, ""))
+        cursor = max(cursor, end)
+    if step_duration - cursor > MIN_HOST_GAP:
+        out.append((O.HOST, cursor, step_duration - cursor, -1, 0, 0, "<end>"))
+    return out
+
+
+def _operations(r: StepLike) -> list[_Op]:
+    """The record's timed operations in start order, each with its *exclusive* duration: time
+    spent in a phase nested inside it (a GC pause, a custom phase inside forward) is carved out of
+    the enclosing op, so the replay does not count it twice."""
     if not r.spans:
-        out = []
+        out: list[_Op] = []
         offset = 0.0
         ordered = [p for p in PHASE_ORDER if p in r.phases]
-        ordered += sorted(p for p in r.phases if p not in PHASE_ORDER and p != "gc")
+        ordered += sorted(p for p in r.phases if p not in PHASE_ORDER and p not in ("gc", "other"))
         for phase in ordered:
             duration = float(r.phases[phase])
-            out.append((SPAN_OP_TYPES.get(phase, phase), offset, duration, -1, 0))
+            out.append((SPAN_OP_TYPES.get(phase, phase), offset, duration, -1, 0, offset + duration))
             offset += duration
         return out
 
     spans = sorted(
         ((str(s[0]), float(s[1]), float(s[2]), int(s[3]), int(s[4])) for s in r.spans),
-        key=lambda s: s[1],
+        key=lambda s: (s[1], -s[2]),  # an enclosing span before the ones it contains
     )
-    gcs = [(start, start + duration) for kind, start, duration, _, _ in spans if kind == "gc"]
     out = []
-    for kind, start, duration, microbatch, chunk in spans:
-        if kind != "gc" and gcs:
-            end = start + duration
-            inside = sum(
-                min(g_end, end) - max(g_start, start)
-                for g_start, g_end in gcs
-                if g_start < end and g_end > start
-            )
-            duration = max(0.0, duration - inside)
-        out.append((SPAN_OP_TYPES.get(kind, kind), start, duration, microbatch, chunk))
+    for i, (kind, start, duration, microbatch, chunk) in enumerate(spans):
+        end = start + duration
+        nested = []
+        for _, c_start, c_duration, _, _ in spans[i + 1 :]:  # sorted: children follow their parent
+            if c_start >= end:
+                break
+            if c_start + c_duration <= end + 1e-9:
+                nested.append((c_start, c_start + c_duration))
+        exclusive = max(0.0, duration - _union_length(nested)) if nested else duration
+        out.append((SPAN_OP_TYPES.get(kind, kind), start, exclusive, microbatch, chunk, end))
     return out
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, -np.inf
+    for lo, hi in sorted(intervals):
+        if hi <= reach:
+            continue
+        total += hi - max(lo, reach)
+        reach = hi
+    return total

@@ -32,6 +32,8 @@ OPTIMIZER = "optimizer"
 GC = "gc"
 DATA_WAIT = "data_wait"
 CHECKPOINT = "checkpoint"
+# The part of a step no timed phase covers (logging, evaluation, clipping, sleeps): DESIGN §5.
+HOST = "host"
 
 P2P_OP_TYPES = frozenset({FORWARD_SEND, FORWARD_RECV, BACKWARD_SEND, BACKWARD_RECV})
 COLLECTIVE_OP_TYPES = frozenset(

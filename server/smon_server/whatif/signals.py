@@ -46,6 +46,7 @@ class Signals:
     hosts: Mapping[int, str] = field(default_factory=dict)  # global rank -> host
     # Every global rank of each worker (TP / CP peers included); the op table only carries one.
     worker_ranks: Mapping[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
+    backend: str = ""  # torch.distributed backend the agents report ("nccl", "gloo"); "" unknown
 
 
 def unhealthy(h: GpuHealth) -> bool:

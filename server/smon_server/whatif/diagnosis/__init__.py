@@ -16,6 +16,7 @@ from smon_server.whatif.diagnosis.base import (
     DATA_LOADER,
     GPU_THROTTLING,
     HANG,
+    HOST_WORK,
     PYTHON_GC,
     SEQUENCE_IMBALANCE,
     SLOW_WORKER,
@@ -23,7 +24,8 @@ from smon_server.whatif.diagnosis.base import (
     Diagnosis,
     DiagnosisConfig,
 )
-from smon_server.whatif.diagnosis.run import diagnose
+from smon_server.whatif.diagnosis.run import diagnose, stragglers
+from smon_server.whatif.diagnosis.stragglers import Straggler
 
 __all__ = [
     "CAUSES",
@@ -32,11 +34,14 @@ __all__ = [
     "DATA_LOADER",
     "GPU_THROTTLING",
     "HANG",
+    "HOST_WORK",
     "PYTHON_GC",
     "SEQUENCE_IMBALANCE",
     "SLOW_WORKER",
     "STAGE_IMBALANCE",
     "Diagnosis",
     "DiagnosisConfig",
+    "Straggler",
     "diagnose",
+    "stragglers",
 ]

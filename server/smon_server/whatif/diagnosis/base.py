@@ -21,10 +21,11 @@ PYTHON_GC = "python_gc"
 DATA_LOADER = "data_loader"
 COMMUNICATION = "communication"
 CHECKPOINT_IO = "checkpoint_io"
+HOST_WORK = "host_work"
 HANG = "hang"
 CAUSES = (
     SLOW_WORKER, GPU_THROTTLING, STAGE_IMBALANCE, SEQUENCE_IMBALANCE, PYTHON_GC, DATA_LOADER,
-    COMMUNICATION, CHECKPOINT_IO, HANG,
+    COMMUNICATION, CHECKPOINT_IO, HOST_WORK, HANG,
 )  # fmt: skip
 
 
@@ -38,6 +39,8 @@ class DiagnosisConfig:
     mobile_worst: float = 0.5  # the per-step slowest worker is "moving" below this persistence
     seq_correlation: float = 0.9  # compute ~ Σ len² fit that names sequence imbalance
     max_named_workers: int = 8
+    # communication is named only when transfers themselves run this much over their ideal
+    min_transfer_ratio: float = 1.2
 
 
 @dataclass(frozen=True)

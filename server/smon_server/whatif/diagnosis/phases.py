@@ -128,6 +128,12 @@ def communication(f: Facts) -> list[Diagnosis]:
     per_worker = transfer.mean(axis=0)  # [dp, stage]
     ratio = per_worker / np.maximum(np.median(per_worker, axis=0, keepdims=True), 1e-12)
     worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(ratio)), ratio.shape))
+    # Transfers themselves must be slow: over their ideal job-wide, or on one worker against its
+    # peers. Ranks waiting for a late peer do not count (waiting is not transfer).
+    ideal = _ideal_transfer_per_step(f, comm_types)
+    overall = float(per_worker.mean()) / ideal if ideal > 0 else 1.0
+    if overall < f.config.min_transfer_ratio and ratio[worst] < 1.5:
+        return []
     families = {
         g: num(v)
         for g, v in f.result.by_op_type.items()
@@ -135,21 +141,18 @@ def communication(f: Facts) -> list[Diagnosis]:
     }
     evidence: dict[str, Any] = {
         "communication_share": num(share),
+        "transfer_over_ideal": num(overall),
         "by_op_type": dict(sorted(families.items(), key=lambda kv: -kv[1])),
         "worst_worker": {**f.worker(*worst), "transfer_ratio": num(ratio[worst])},
     }
+    if f.signals.backend:
+        evidence["backend"] = f.signals.backend
     if ratio[worst] >= 1.5:
-        advice = (
-            f"Transfers on {f.where(*worst)} take {ratio[worst]:.1f}x the median of its stage: check "
-            "its NIC / InfiniBand port (ibstat, port error counters), cabling and the NCCL topology "
-            "(NCCL_DEBUG=INFO)."
+        advice = f"Transfers on {f.where(*worst)} take {ratio[worst]:.1f}x the median of its stage: " + (
+            _link_advice(f.signals.backend)
         )
     else:
-        advice = (
-            "Collective transfer time itself varies on all ranks: look for fabric congestion or "
-            "jobs sharing the network, check NCCL settings (NCCL_ALGO, NCCL_BUFFSIZE), and overlap "
-            "the gradient reduce with the backward pass (bucketed / overlapped grad reduce)."
-        )
+        advice = "Collective transfer time itself is high on all ranks: " + _fabric_advice(f.signals.backend)
     return [
         Diagnosis(
             cause=COMMUNICATION,
@@ -160,6 +163,42 @@ def communication(f: Facts) -> list[Diagnosis]:
             ranks=f.ranks_of(*worst) if ratio[worst] >= 1.5 else (),
         )
     ]
+
+
+def _ideal_transfer_per_step(f: Facts, comm_types: list[str]) -> float:
+    """Transfer seconds per step per worker in the ideal world (D* of each comm slot)."""
+    prep = f.result.prepared
+    if prep is None:
+        return 0.0
+    names = np.array([prep.layout.type_name(j) for j in range(prep.layout.n_slots)], dtype=object)
+    slots = np.isin(names, comm_types)
+    return float(prep.durations.ideal[slots].sum()) / max(len(f.result.stages), 1)
+
+
+def _link_advice(backend: str) -> str:
+    if backend == "gloo":
+        return (
+            "gloo moves tensors over TCP on the CPU: check that host's network interface and CPU "
+            "load, and that GLOO_SOCKET_IFNAME names the fast interface."
+        )
+    return (
+        "check its NIC / InfiniBand port (ibstat, port error counters), cabling and the NCCL "
+        "topology (NCCL_DEBUG=INFO)."
+    )
+
+
+def _fabric_advice(backend: str) -> str:
+    if backend == "gloo":
+        return (
+            "gloo all-reduces on the CPU over TCP, which is slow for large gradients: on GPUs use "
+            "the NCCL backend; on CPUs check the network and the CPU left for gloo's threads, and "
+            "overlap the gradient reduce with backward (DDP bucket_cap_mb)."
+        )
+    return (
+        "look for fabric congestion or jobs sharing the network, check NCCL settings (NCCL_ALGO, "
+        "NCCL_BUFFSIZE), and overlap the gradient reduce with the backward pass (bucketed / "
+        "overlapped grad reduce)."
+    )
 
 
 def checkpoint_io(f: Facts) -> list[Diagnosis]:

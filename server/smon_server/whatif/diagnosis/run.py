@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from smon_server.whatif.diagnosis.base import CHECKPOINT_IO, HANG, Diagnosis, DiagnosisConfig, Facts
 from smon_server.whatif.diagnosis.hang import hang
+from smon_server.whatif.diagnosis.host import host_work
 from smon_server.whatif.diagnosis.phases import checkpoint_io, communication, data_loader, python_gc
 from smon_server.whatif.diagnosis.pipeline import sequence_imbalance, stage_imbalance
+from smon_server.whatif.diagnosis.stragglers import Straggler, find_stragglers
 from smon_server.whatif.diagnosis.workers import worker_causes
 from smon_server.whatif.engine import WhatIfResult
 from smon_server.whatif.ops import OpTable
@@ -20,6 +23,7 @@ RULES: tuple[Rule, ...] = (
     sequence_imbalance,
     python_gc,
     data_loader,
+    host_work,
     communication,
     checkpoint_io,
 )
@@ -39,8 +43,35 @@ def diagnose(
     if table is not None and result is not None:
         facts = Facts(table=table, result=result, signals=signals, config=config)
         found += [d for rule in RULES for d in rule(facts) if _material(d, facts.excess, config)]
+    if result is not None and result.discrepancy_flagged:
+        found = [_flagged(d, result.discrepancy) if d.cause != HANG else d for d in found]
     # A hang stops everything (share 1): it leads even against a full-share straggler cause.
     return sorted(found, key=lambda d: (-d.share, d.cause != HANG, -d.confidence))
+
+
+def stragglers(
+    table: OpTable | None,
+    result: WhatIfResult | None,
+    signals: Signals | None = None,
+    config: DiagnosisConfig | None = None,
+    limit: int = 16,
+) -> list[Straggler]:
+    """The workers that stand out, each with its own cause and evidence (stragglers.py)."""
+    if table is None or result is None:
+        return []
+    facts = Facts(
+        table=table, result=result, signals=signals or Signals(), config=config or DiagnosisConfig()
+    )
+    return find_stragglers(facts, limit=limit)
+
+
+def _flagged(d: Diagnosis, discrepancy: float) -> Diagnosis:
+    """A window whose replay misses the measured steps by more than 5% is shown, not trusted."""
+    note = (
+        f"simulation discrepancy {discrepancy:.3f}: the replayed steps differ from the measured ones "
+        "by more than 5%, so this finding is less certain"
+    )
+    return replace(d, confidence=d.confidence * 0.5, evidence={**d.evidence, "analysis_flag": note})
 
 
 def _material(d: Diagnosis, excess: float, config: DiagnosisConfig) -> bool:

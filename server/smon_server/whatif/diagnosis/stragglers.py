@@ -1,0 +1,156 @@
+"""Which workers are stragglers, and each one's own cause and evidence.
+
+A worker is a straggler when restoring its measured durations alone makes the ideal job straggle
+(`S_w` at or above the straggling threshold) *and* it stands out from its DP peers of the same
+stage: its own time per step, summed over the op types where it is slower than the peers' typical
+worker (the lower median: for two workers, the faster one), is at least `min_standout` of the
+ideal step. Ranks that only wait for a straggler have no such surplus (waiting is not transfer,
+see durations.py), and when every worker is equally slow none stands out: that is a job-wide cause.
+
+Each straggler's cause is read from its own surplus, not from the job's leading diagnosis: the op
+type where it loses the most time to its peers names it (forward / backward compute: slow_worker,
+or gpu_throttling when its GPU reports throttling or errors; data_wait: data_loader; gc:
+python_gc; host and evaluation / custom phases: host_work; checkpoint phases: checkpoint_io;
+transfers: communication).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from smon_server.whatif import ops as O
+from smon_server.whatif.diagnosis.base import (
+    CHECKPOINT_IO,
+    COMMUNICATION,
+    DATA_LOADER,
+    GPU_THROTTLING,
+    HOST_WORK,
+    PYTHON_GC,
+    SLOW_WORKER,
+    Facts,
+    num,
+)
+from smon_server.whatif.signals import unhealthy
+
+COMPUTE_TYPES = frozenset({O.FORWARD_COMPUTE, O.BACKWARD_COMPUTE, O.OPTIMIZER, "h2d"})
+CHECKPOINT_WORDS = ("checkpoint", "ckpt", "save")
+
+
+@dataclass(frozen=True)
+class Straggler:
+    dp_index: int
+    stage_index: int
+    slowdown: float  # S_w
+    cause: str
+    evidence: dict[str, Any]
+
+
+def cause_of(op_type: str) -> str:
+    """The cause a worker's surplus in one op type points to."""
+    if op_type in COMPUTE_TYPES:
+        return SLOW_WORKER
+    if op_type == O.DATA_WAIT:
+        return DATA_LOADER
+    if op_type == O.GC:
+        return PYTHON_GC
+    if op_type in O.COMMUNICATION_OP_TYPES:
+        return COMMUNICATION
+    if any(w in op_type.lower() for w in CHECKPOINT_WORDS):
+        return CHECKPOINT_IO
+    return HOST_WORK  # `host` itself, evaluation, and any other phase the script runs on its own
+
+
+def surplus_by_type(f: Facts) -> tuple[list[str], np.ndarray, np.ndarray] | None:
+    """(op type names, own seconds per step [type, dp, stage], surplus over the DP peers [same]).
+
+    The peers' reference is the lower median over the stage's DP workers, so on two workers a
+    straggler is measured against the other one rather than against the midpoint of both."""
+    if "surplus" in f.cache:
+        cached: tuple[list[str], np.ndarray, np.ndarray] | None = f.cache["surplus"]
+        return cached
+    grid = f.steps_grid
+    out = None
+    if grid is not None:
+        names = sorted({str(n) for n in grid[2].tolist()})
+        own = np.stack([f.type_totals(n) for n in names]).mean(axis=1)  # type: ignore[misc]
+        ordered = np.sort(own, axis=1)
+        lower_median = ordered[:, (own.shape[1] - 1) // 2, :]  # [type, stage]
+        out = (names, own, own - lower_median[:, None, :])
+    f.cache["surplus"] = out
+    return out
+
+
+def find_stragglers(f: Facts, min_standout: float = 0.05, limit: int = 16) -> list[Straggler]:
+    a = f.result.attribution
+    found = surplus_by_type(f)
+    ideal = f.result.ideal_step_time
+    if a is None or found is None or ideal <= 0:
+        return []
+    names, own, surplus = found
+    standout = np.clip(surplus, 0.0, None).sum(axis=0)  # [dp, stage] seconds per step
+    s_w = np.where(np.isnan(a.worker), -np.inf, a.worker)
+    candidates = (s_w >= f.result.config.straggling_threshold) & (standout >= min_standout * ideal)
+    order = sorted(zip(*np.nonzero(candidates), strict=True), key=lambda w: -s_w[w])[:limit]
+    out = []
+    for d, s in order:
+        w = (int(d), int(s))
+        t = int(np.argmax(surplus[:, d, s]))
+        op_type = names[t]
+        cause = cause_of(op_type)
+        gpu = _unhealthy_gpus(f, w)
+        if cause == SLOW_WORKER and gpu:
+            cause = GPU_THROTTLING
+        evidence: dict[str, Any] = {
+            "s_w": num(float(s_w[w])),
+            "op_type": op_type,
+            "own_s_per_step": num(float(own[t, d, s])),
+            "peers_s_per_step": num(float(own[t, d, s] - surplus[t, d, s])),
+            "surplus_s_per_step": num(float(surplus[t, d, s])),
+            "surplus_of_ideal_step": num(float(surplus[t, d, s] / ideal)),
+            "total_surplus_s_per_step": num(float(standout[w])),
+        }
+        evidence.update(_when(f, op_type, w))
+        if gpu:
+            evidence["gpu"] = gpu
+        out.append(
+            Straggler(dp_index=w[0], stage_index=w[1], slowdown=float(s_w[w]), cause=cause, evidence=evidence)
+        )
+    return out
+
+
+def _when(f: Facts, op_type: str, w: tuple[int, int]) -> dict[str, Any]:
+    """On which steps the worker lost its time: every step, or some (with the interval if regular)."""
+    per_step = f.type_totals(op_type)
+    if per_step is None:
+        return {}
+    mine = per_step[:, w[0], w[1]]
+    peers = np.median(per_step[:, :, w[1]], axis=1)
+    lost = mine - peers
+    big = lost > 0.5 * float(lost.max()) if lost.max() > 0 else np.zeros_like(lost, dtype=bool)
+    steps = f.result.steps[big]
+    out: dict[str, Any] = {"steps_affected": int(big.sum()), "steps_analysed": int(lost.size)}
+    if 0 < big.sum() < 0.8 * lost.size:
+        out["steps"] = [int(x) for x in steps[:20]]
+        if steps.size >= 2:
+            gaps = np.diff(steps)
+            interval = int(np.bincount(gaps).argmax())
+            if float((gaps == interval).mean()) >= 0.8:
+                out["every_n_steps"] = interval
+    return out
+
+
+def _unhealthy_gpus(f: Facts, w: tuple[int, int]) -> dict[str, Any]:
+    bad = {}
+    for rank in f.ranks_of(*w):
+        h = f.signals.gpu.get(rank)
+        if h is not None and unhealthy(h):
+            bad[str(rank)] = {
+                "throttled_fraction": num(h.throttled_fraction),
+                "sm_clock_ratio": None if h.sm_clock_ratio is None else num(h.sm_clock_ratio),
+                "ecc_uncorrected": h.ecc_uncorrected,
+                "xid_events": h.xid_events,
+            }
+    return bad
