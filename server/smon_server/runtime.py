@@ -47,9 +47,11 @@ async def serve(
     if settings.auto_migrate:
         await asyncio.to_thread(migrate.upgrade, context.db)
 
+    wake = asyncio.Event()
     service = IngestService(
         context.db,
         context.ingest_stats,
+        on_final=wake.set,
         limits=Limits(
             max_batch_records=settings.max_batch_records,
             max_spans_per_step=settings.max_spans_per_step,
@@ -77,7 +79,7 @@ async def serve(
     http_server = uvicorn.Server(config)
     stop = stop or asyncio.Event()
     http_task = asyncio.create_task(http_server.serve())
-    loop_task = asyncio.create_task(analysis_loop(context, stop))
+    loop_task = asyncio.create_task(analysis_loop(context, stop, wake))
     try:
         while not http_server.started:
             if http_task.done():

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from smon_server.api.deps import ApiTokenDep, DbDep, SettingsDep, WindowDep
+from smon_server.api.deps import ApiTokenDep, ContextDep, DbDep, SettingsDep, WindowDep
 from smon_server.api.schemas import (
     GpuSampleOut,
     HeatmapOut,
@@ -22,6 +22,7 @@ from smon_server.api.schemas import (
     WorkerStepOut,
 )
 from smon_server.jobs import analysis as job_analysis
+from smon_server.jobs import loop
 from smon_server.jobs.liveness import job_liveness
 from smon_server.store import queries
 from smon_server.store.models import Job
@@ -42,20 +43,29 @@ def _job_or_404(db: DbDep, job_id: str) -> Job:
 
 
 @router.get("/jobs", response_model=JobsOut)
-def list_jobs(db: DbDep, settings: SettingsDep, _auth: ApiTokenDep) -> JobsOut:
+def list_jobs(db: DbDep, context: ContextDep, _auth: ApiTokenDep) -> JobsOut:
     now = time.time()
     results = queries.results_by_job(session=db)
     agents = queries.agents_by_job(session=db)
     out = []
     for job in queries.list_jobs(session=db):
         liveness = job_liveness(
-            job, agents.get(job.job_id, []), now=now, stall_seconds=settings.stall_seconds
+            job, agents.get(job.job_id, []), now=now, stall_seconds=context.settings.stall_seconds
         )
         result = results.get(job.job_id)
+        state = liveness.state.value
+        if result is not None and result.result.get("state") != state:
+            # Finished or stalled since its last analysis: analyse it now, so the state is never
+            # shown next to numbers of another one.
+            # (or another replica / the loop did it while we waited for the lease: re-read anyway)
+            loop.analyse_one(context, job.job_id, now, state_change_only=True)
+            db.rollback()  # end the read snapshot: see the result just stored
+            result = queries.get_result(session=db, job_id=job.job_id)
+            state = result.result.get("state", state) if result is not None else state
         out.append(
             JobOut(
                 job_id=job.job_id,
-                state=liveness.state.value,
+                state=state,
                 world_size=job.world_size,
                 last_step=job.last_step,
                 slowdown=result.slowdown if result else None,
@@ -68,13 +78,17 @@ def list_jobs(db: DbDep, settings: SettingsDep, _auth: ApiTokenDep) -> JobsOut:
     return JobsOut(jobs=out)
 
 
-def _analysis(db: DbDep, settings: SettingsDep, job: Job, window: StepWindow) -> dict[str, Any]:
-    """The stored analysis, or a fresh one when the caller asks for another window."""
+def _analysis(db: DbDep, context: ContextDep, job: Job, window: StepWindow) -> dict[str, Any]:
+    """The stored analysis (brought up to date first if the job changed state since), or a fresh
+    one when the caller asks for another window. Its `state` is the one it was computed in."""
+    now = time.time()
     if window.is_default:
+        loop.analyse_one(context, job.job_id, now, state_change_only=True)
+        db.rollback()  # end the read snapshot: see the result just stored
         stored = queries.get_result(session=db, job_id=job.job_id)
         if stored is not None:
             return stored.result
-    return job_analysis.analyze_job(session=db, job=job, settings=settings, now=time.time(), window=window)
+    return job_analysis.analyze_job(session=db, job=job, settings=context.settings, now=now, window=window)
 
 
 @router.get("/jobs/{job_id}/summary", response_model=SummaryOut)
@@ -82,21 +96,16 @@ def summary(
     job_id: str,
     db: DbDep,
     settings: SettingsDep,
+    context: ContextDep,
     _auth: ApiTokenDep,
     window: WindowDep,
 ) -> SummaryOut:
     job = _job_or_404(db, job_id)
-    result = _analysis(db, settings, job, window)
-    liveness = job_liveness(
-        job,
-        queries.job_agents(session=db, job_id=job_id),
-        now=time.time(),
-        stall_seconds=settings.stall_seconds,
-    )
+    result = _analysis(db, context, job, window)
     body = dict(result["summary"])
     body.update(
         job_id=job.job_id,
-        state=liveness.state.value,
+        state=result["state"],
         world_size=job.world_size,
         # The job's running total; another window reports its own figure.
         gpu_hours_wasted=job.gpu_hours_wasted if window.is_default else body.get("gpu_hours_wasted", 0.0),
@@ -110,11 +119,12 @@ def steps(
     job_id: str,
     db: DbDep,
     settings: SettingsDep,
+    context: ContextDep,
     _auth: ApiTokenDep,
     window: WindowDep,
 ) -> StepsOut:
     job = _job_or_404(db, job_id)
-    result = _analysis(db, settings, job, window)
+    result = _analysis(db, context, job, window)
     return StepsOut(job_id=job_id, steps=[StepOut(**s) for s in result["steps"]])
 
 
@@ -123,13 +133,14 @@ def heatmap(
     job_id: str,
     db: DbDep,
     settings: SettingsDep,
+    context: ContextDep,
     _auth: ApiTokenDep,
     window: WindowDep,
     metric: Annotated[str, Query(description="slowdown, step_time, or a phase name")] = "slowdown",
 ) -> HeatmapOut:
     job = _job_or_404(db, job_id)
     if metric == "slowdown":
-        grid = _analysis(db, settings, job, window)["rank_slowdown"]
+        grid = _analysis(db, context, job, window)["rank_slowdown"]
     else:
         grid = job_analysis.phase_heatmap(
             session=db,
@@ -146,11 +157,12 @@ def workers(
     job_id: str,
     db: DbDep,
     settings: SettingsDep,
+    context: ContextDep,
     _auth: ApiTokenDep,
     window: WindowDep,
 ) -> WorkersOut:
     job = _job_or_404(db, job_id)
-    result = _analysis(db, settings, job, window)
+    result = _analysis(db, context, job, window)
     return WorkersOut(job_id=job_id, **result["workers"])
 
 
@@ -160,6 +172,7 @@ def worker(
     rank: int,
     db: DbDep,
     settings: SettingsDep,
+    context: ContextDep,
     _auth: ApiTokenDep,
     window: WindowDep,
 ) -> WorkerOut:
@@ -167,7 +180,7 @@ def worker(
     agent = next((a for a in queries.job_agents(session=db, job_id=job_id) if a.rank == rank), None)
     if agent is None:
         raise HTTPException(status_code=404, detail=f"job {job_id!r} has no rank {rank}")
-    result = _analysis(db, settings, job, window)
+    result = _analysis(db, context, job, window)
     grid = result["rank_slowdown"]
     per_step: dict[int, float | None] = {}
     if rank in grid["ranks"]:

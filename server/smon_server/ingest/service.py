@@ -39,7 +39,9 @@ class IngestService:
         limits: Limits,
         token: str | None = None,
         clock: Callable[[], float] = time.time,
+        on_final: Callable[[], None] | None = None,
     ) -> None:
+        self.on_final = on_final  # an agent said goodbye: its job may have finished, analyse now
         self.db = db
         self.stats = stats
         self.limits = limits
@@ -111,6 +113,8 @@ class IngestService:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later")
             raise
         self._count(valid, duplicate=result.duplicate)
+        if valid.final and self.on_final is not None:
+            self.on_final()
         return pb.Ack(
             agent_id=valid.agent_id,
             seq=valid.seq,

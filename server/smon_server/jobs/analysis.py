@@ -25,10 +25,17 @@ from smon_server.whatif.signals import HangState
 
 
 def needs_refresh(
-    *, session: Session, job: Job, previous: AnalysisResult, settings: Settings, now: float
+    *,
+    session: Session,
+    job: Job,
+    previous: AnalysisResult,
+    settings: Settings,
+    now: float,
+    state_change_only: bool = False,
 ) -> bool:
     """New steps arrived, or the job's state changed (a stall must be diagnosed while it lasts)."""
-    if job.last_step_seen is not None and job.last_step_seen > previous.computed_at:
+    new_steps = job.last_step_seen is not None and job.last_step_seen > previous.computed_at
+    if new_steps and not state_change_only:
         return True
     liveness = job_liveness(
         job,
@@ -38,7 +45,7 @@ def needs_refresh(
     )
     if liveness.state.value != previous.result.get("state"):
         return True
-    return liveness.state is JobState.STALLED
+    return liveness.state is JobState.STALLED and not state_change_only
 
 
 def analyze_job(
@@ -97,6 +104,7 @@ def analyze_job(
     )
     summary = analysis.summary
     summary.update(
+        state=liveness.state.value,
         from_step=min((r.step for r in rows), default=lo),
         to_step=max((r.step for r in rows), default=hi),
         steps_seen=len({r.step for r in rows}),

@@ -109,6 +109,7 @@ def _empty_summary(
 ) -> dict[str, Any]:
     return {
         "job_id": job_id,
+        "state": None,
         "world_size": world_size,
         "steps_seen": 0,
         "from_step": None,

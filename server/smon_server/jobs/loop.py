@@ -23,15 +23,24 @@ from smon_server.store.models import AnalysisResult, Job
 log = logging.getLogger(__name__)
 
 
-async def analysis_loop(context: ServerContext, stop: asyncio.Event) -> None:
+async def analysis_loop(
+    context: ServerContext, stop: asyncio.Event, wake: asyncio.Event | None = None
+) -> None:
+    """A pass every interval, and at once when `wake` is set (an agent sent its final batch: a
+    finished job must not be served with the analysis of a running one)."""
     interval = context.settings.analysis_interval
+    wake = wake or asyncio.Event()
     while not stop.is_set():
+        wake.clear()
         try:
             await asyncio.to_thread(analysis_pass, context, time.time())
         except Exception:
             log.exception("analysis pass failed; retrying next interval")
+        waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())]
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=interval)
+            await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
 
 
 def analysis_pass(context: ServerContext, now: float) -> int:
@@ -41,33 +50,41 @@ def analysis_pass(context: ServerContext, now: float) -> int:
     done = 0
     for job_id in jobs:
         try:
-            if _analyse_one(context, job_id, now):
+            if analyse_one(context, job_id, now):
                 done += 1
         except Exception:
             log.exception("analysis of job %s failed", job_id)
     return done
 
 
-def _try_lease(session: Session, job_id: str) -> bool:
+def _try_lease(session: Session, job_id: str, *, wait: bool = False) -> bool:
+    """The job's analysis lease for this transaction; `wait` blocks until its holder commits."""
     if session.get_bind().dialect.name != "postgresql":
         return True
-    got = session.execute(
-        text("SELECT pg_try_advisory_xact_lock(hashtextextended(:job, 0))"), {"job": job_id}
-    ).scalar()
-    return bool(got)
+    call = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
+    got = session.execute(text(f"SELECT {call}(hashtextextended(:job, 0))::text"), {"job": job_id}).scalar()
+    return wait or got == "true"
 
 
-def _analyse_one(context: ServerContext, job_id: str, now: float) -> bool:
+def analyse_one(context: ServerContext, job_id: str, now: float, *, state_change_only: bool = False) -> bool:
+    """Analyse one job if it has news (or, with `state_change_only`, only if it changed state
+    since its stored analysis: what the API does before serving it) and store the result."""
     settings = context.settings
     with context.db.transaction() as session:
-        if not _try_lease(session, job_id):
+        # The API waits for a running analysis of the job (then usually finds it up to date).
+        if not _try_lease(session, job_id, wait=state_change_only):
             return False
         job = session.get(Job, job_id)
         if job is None:
             return False
         previous = session.get(AnalysisResult, job_id)
         if previous is not None and not job_analysis.needs_refresh(
-            session=session, job=job, previous=previous, settings=settings, now=now
+            session=session,
+            job=job,
+            previous=previous,
+            settings=settings,
+            now=now,
+            state_change_only=state_change_only,
         ):
             return False
         result = job_analysis.analyze_job(session=session, job=job, settings=settings, now=now)

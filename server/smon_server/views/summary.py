@@ -25,6 +25,7 @@ def to_summary(
     hosts: Mapping[int, str] | None = None,
     stragglers: Sequence[Straggler] = (),
     warmup_steps: int = 0,
+    state: str | None = None,
 ) -> dict[str, Any]:
     """`stragglers` come from `diagnosis.stragglers()`, worst first."""
     hosts = hosts or {}
@@ -32,6 +33,7 @@ def to_summary(
     by_op_type = dict(sorted(result.by_op_type.items(), key=lambda kv: -kv[1]))
     return {
         "job_id": job_id,
+        "state": state,
         "world_size": world_size,
         "steps_seen": len(result.steps),
         "from_step": int(result.steps[0]) if len(result.steps) else None,
