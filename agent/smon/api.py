@@ -14,7 +14,13 @@ from typing import Any
 
 from smon._version import __version__
 from smon.config import env_flag, resolve_config
-from smon.coords import build_coordinates, process_identity, resolve_job, resolve_parallel
+from smon.coords import (
+    build_coordinates,
+    distributed_backend,
+    process_identity,
+    resolve_job,
+    resolve_parallel,
+)
 from smon.monitor import ActiveMonitor, Monitor
 from smon.timing import Clock, HostClock
 
@@ -122,6 +128,7 @@ def _attach(
         parallel=parallel,
         gpu_uuid=gpu_uuid,
         version=__version__,
+        backend=distributed_backend(),
     )
     if nvml is None and os.environ.get("SMON_FAKE_NVML", "").strip():
         from smon.testing import FakeNvml

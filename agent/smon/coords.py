@@ -197,8 +197,25 @@ def resolve_parallel(
     )
 
 
+def distributed_backend() -> str:
+    """The process group's backend, when the script imported torch and initialised it already."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return str(dist.get_backend())
+    except Exception as exc:  # never stop attach over a diagnostic nicety
+        logger.info("smon: could not read the torch.distributed backend (%r)", exc)
+    return ""
+
+
 def build_coordinates(
-    *, job: str, identity: ProcessIdentity, parallel: ParallelCoords, gpu_uuid: str, version: str
+    *,
+    job: str,
+    identity: ProcessIdentity,
+    parallel: ParallelCoords,
+    gpu_uuid: str,
+    version: str,
+    backend: str = "",
 ) -> pb.Coordinates:
     return pb.Coordinates(
         job=job,
@@ -215,4 +232,5 @@ def build_coordinates(
         tp_size=parallel.tp_size,
         pid=identity.pid,
         agent_version=version,
+        backend=backend,
     )

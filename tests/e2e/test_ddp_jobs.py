@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 RANKS = 4
 STEPS = 60
+WARMUP = 10  # SMON_WARMUP_STEPS default: left out of the analysis
 # Simulated device time per forward (backward twice that). Long enough that scheduling jitter of
 # 4 ranks on 2 cores (a few ms per step, mostly in gloo's all-reduce) stays ~2% of a step.
 DEVICE_MS = "40"
@@ -91,19 +92,19 @@ def test_slow_forward_rank_is_the_straggler(live_server: BackgroundServer, tmp_p
     job = start_job(live_server, "slowfwd", ["--slow-rank", "1", "--delay", str(delay)], tmp_path)
     summary = analysed_summary(live_server, job)
 
-    assert summary["steps_seen"] >= STEPS - 2
+    assert summary["steps_seen"] >= STEPS - WARMUP - 2
     assert summary["stragglers"][0]["rank"] == 1
     assert summary["diagnoses"][0]["cause"] == "slow_worker"
     assert summary["attribution"]["by_dp_rank"]["1"] == max(summary["attribution"]["by_dp_rank"].values())
 
-    # The slowdown the injected delay implies: every step waits for rank 1's extra `delay`,
-    # while the ideal step spreads it over all ranks (the mean forward time).
+    # The slowdown the injected delay implies: every step waits for rank 1's extra `delay`, and
+    # the robust ideal leaves rank 1's forward out.
     fast = httpx.get(f"{live_server.http_url}/api/v1/jobs/{job}/workers/0").json()
     phases = [s["phases"] for s in fast["steps"][5:]]
     base = statistics.median(
         sum(p.get(k, 0.0) for k in ("data_wait", "forward", "backward", "optimizer")) for p in phases
     )
-    implied = (base + delay) / (base + delay / RANKS)
+    implied = (base + delay) / base
     assert summary["slowdown"] == pytest.approx(implied, rel=0.2)
     assert summary["slowdown"] >= 1.1
 
@@ -111,7 +112,7 @@ def test_slow_forward_rank_is_the_straggler(live_server: BackgroundServer, tmp_p
 def test_no_straggler_means_no_blame(live_server: BackgroundServer, tmp_path: Path) -> None:
     job = start_job(live_server, "healthy", [], tmp_path)
     summary = analysed_summary(live_server, job)
-    assert summary["steps_seen"] >= STEPS - 2
+    assert summary["steps_seen"] >= STEPS - WARMUP - 2
     assert summary["slowdown"] < 1.1
     assert summary["stragglers"] == []
 

@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     item_delay = args.data_delay / args.batch_size if rank == args.slow_data_rank else 0.0
     samples = args.steps * args.accum * args.batch_size * world_size
     dataset = ArithmeticSequences(samples, args.seq_len, delay=item_delay)
-    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    sampler: DistributedSampler[int] = DistributedSampler(dataset, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
     eval_loader = DataLoader(ArithmeticSequences(256, args.seq_len, seed=1), batch_size=args.batch_size)
 

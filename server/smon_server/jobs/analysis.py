@@ -7,6 +7,7 @@ S_w), `rank_slowdown` (rank × step heatmap of S_w), `rank_overall` (S_w per ran
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -101,6 +102,9 @@ def analyze_job(
         world_size=job.world_size,
         config=WhatIfConfig(estimator=settings.estimator),
         warmup_steps=settings.warmup_steps,
+        backend=Counter(a.backend for a in agents if a.backend).most_common(1)[0][0]
+        if any(a.backend for a in agents)
+        else "",
     )
     summary = analysis.summary
     summary.update(

@@ -56,6 +56,7 @@ class Agent(Base):
     tp_rank: Mapped[int] = mapped_column(Integer, default=0)
     pid: Mapped[int] = mapped_column(Integer, default=0)
     agent_version: Mapped[str] = mapped_column(String(64), default="")
+    backend: Mapped[str] = mapped_column(String(32), default="")  # torch.distributed backend
     clock_offset: Mapped[float] = mapped_column(Double, default=0.0)
     first_seen: Mapped[float] = mapped_column(Double)
     last_seen: Mapped[float] = mapped_column(Double)

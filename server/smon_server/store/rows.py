@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from smon.v1 import ingest_pb2 as pb
+import smon.v1.ingest_pb2 as pb
 
 
 @dataclass

@@ -115,6 +115,7 @@ def _upsert_agent(session: Session, dialect: str, batch: ValidBatch, now: float)
         "tp_rank": coords.tp_rank,
         "pid": coords.pid,
         "agent_version": coords.agent_version,
+        "backend": coords.backend[:32],
         "clock_offset": batch.clock_offset,
         "first_seen": now,
         "last_seen": now,

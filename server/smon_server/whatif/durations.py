@@ -94,7 +94,7 @@ def measure(
             chosen = values[present[slots]]
             value = float(np.median(chosen)) if chosen.size else 0.0
         elif estimator == "robust":
-            value, out = _robust_mean(values, layout.slot_stage[slots], present[slots], outlier_tolerance)
+            value, out = _robust_mean(values, layout.slot_stage[slots], outlier_tolerance)
             if out:
                 left_out[name] = out
         else:
@@ -114,31 +114,30 @@ def measure(
 
 
 def _robust_mean(
-    values: np.ndarray, slot_stage: np.ndarray, present: np.ndarray, tolerance: float
+    values: np.ndarray, slot_stage: np.ndarray, tolerance: float
 ) -> tuple[float, list[tuple[int, int]]]:
     """Mean over the instances of the workers that do not stand out in this op type.
 
     `values` is [k slots, steps, dp] of one op type. Per stage, each DP worker's cost per step is
     compared with the *lower* median of its peers (for 2 workers: the faster one, so a straggler
     cannot hide in the reference); a worker more than max(tolerance x reference, 3 robust sigmas,
-    50 µs) above it is left out. Workers with no instance of the op type at all stay in (they
-    are its zero-cost instances, as in the paper's mean)."""
+    50 µs) above it is left out. Workers with no instance of the op type at all are peers at zero
+    cost (rank 0's evaluation: the others do none), as in the paper's mean."""
     total, count = 0.0, 0
     left_out: list[tuple[int, int]] = []
     for stage in np.unique(slot_stage):
         rows = slot_stage == stage
         block = values[rows]  # [k, steps, dp]
         per_worker = block.sum(axis=0, dtype=np.float64).mean(axis=0)  # [dp]: cost per step
-        seen = present[rows].any(axis=(0, 1))
         keep = np.ones(per_worker.shape[0], dtype=bool)
-        peers = np.sort(per_worker[seen])
+        peers = np.sort(per_worker)  # a worker without the op type is a zero-cost peer
         if peers.size >= 2:
             reference = float(peers[(peers.size - 1) // 2])
             spread = 0.0
             if peers.size >= 5:
                 spread = 1.4826 * float(np.median(np.abs(peers - np.median(peers))))
             limit = reference + max(tolerance * reference, 3.0 * spread, ABSOLUTE_TOLERANCE)
-            keep = ~seen | (per_worker <= limit)
+            keep = per_worker <= limit
             left_out.extend((int(d), int(stage)) for d in np.flatnonzero(~keep))
         total += float(block[:, :, keep].sum(dtype=np.float64))
         count += int(block.shape[0] * block.shape[1] * int(keep.sum()))

@@ -1,0 +1,106 @@
+"""S against the truth on simulated DDP jobs built as step records (the live path's input).
+
+The simulation knows how long the job would take without the injected work, so each test checks
+that S predicts that speed-up, that every second of the step is replayed (discrepancy 1), and that
+the rank doing the extra work is the only straggler, with its own cause.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from smon_server.whatif.config import WhatIfConfig
+from smon_server.whatif.diagnosis import diagnose, stragglers
+from smon_server.whatif.engine import analyze
+from smon_server.whatif.from_steps import build_op_table
+from tests.whatif.step_records import DdpJob, simulate
+
+ROBUST = WhatIfConfig(estimator="robust")
+
+
+def truth_and_summary(job: DdpJob, config: WhatIfConfig = ROBUST) -> tuple[float, float, dict, list]:
+    rows, with_it = simulate(job)
+    clean = dataclasses.replace(
+        job,
+        extra_forward=lambda r, s: 0.0,
+        extra_data=lambda r, s: 0.0,
+        untimed=lambda r, s: 0.0,
+        eval_span=lambda r, s: 0.0,
+        gc_pause=lambda r, s: 0.0,
+    )
+    _, without = simulate(clean)
+    table = build_op_table(rows)
+    result = analyze(table, config=config)
+    found = stragglers(table, result)
+    found_json = [(int(result.worker_rank[s.dp_index, s.stage_index]), s.cause, s.evidence) for s in found]
+    return (
+        with_it / without,
+        result.slowdown,
+        {"result": result, "diagnoses": diagnose(table, result)},
+        found_json,
+    )
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_untimed_host_work_on_one_rank(ranks: int) -> None:
+    job = DdpJob(ranks=ranks, untimed=lambda r, s: 0.050 if r == 1 else 0.0)
+    truth, s, out, found = truth_and_summary(job)
+    assert out["result"].discrepancy == pytest.approx(1.0, abs=1e-6)
+    assert s == pytest.approx(truth, rel=0.02)
+    assert [(rank, cause) for rank, cause, _ in found] == [(1, "host_work")]
+    assert found[0][2]["op_type"] == "host"
+    assert out["diagnoses"][0].cause == "host_work"
+    assert "rank 1" in out["diagnoses"][0].recommendation
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_slow_forward_robust_vs_paper(ranks: int) -> None:
+    job = DdpJob(ranks=ranks, extra_forward=lambda r, s: 0.030 if r == ranks - 1 else 0.0)
+    truth, robust, _, found = truth_and_summary(job)
+    _, paper, _, _ = truth_and_summary(job, WhatIfConfig(estimator="paper"))
+    assert robust == pytest.approx(truth, rel=0.02)
+    # The paper's mean keeps 1/ranks of the straggler in the ideal: below the truth.
+    assert paper < truth - 0.5 * (truth - 1.0) / ranks
+    assert [(rank, cause) for rank, cause, _ in found] == [(ranks - 1, "slow_worker")]
+
+
+def test_rank0_periodic_evaluation_is_host_work() -> None:
+    job = DdpJob(ranks=2, steps=60, eval_span=lambda r, s: 0.150 if r == 0 and s % 10 == 5 else 0.0)
+    truth, s, out, found = truth_and_summary(job)
+    assert out["result"].discrepancy == pytest.approx(1.0, abs=1e-6)
+    assert s == pytest.approx(truth, rel=0.02)
+    assert [(rank, cause) for rank, cause, _ in found] == [(0, "host_work")]
+    assert found[0][2]["every_n_steps"] == 10
+    assert out["diagnoses"][0].cause == "host_work"
+    assert "every 10 steps" in out["diagnoses"][0].recommendation
+
+
+def test_slow_data_loader_and_gc_name_their_rank() -> None:
+    truth, s, _, found = truth_and_summary(DdpJob(ranks=4, extra_data=lambda r, s: 0.03 if r == 2 else 0.0))
+    assert s == pytest.approx(truth, rel=0.02)
+    assert [(rank, cause) for rank, cause, _ in found] == [(2, "data_loader")]
+    truth, s, _, found = truth_and_summary(
+        DdpJob(ranks=4, gc_pause=lambda r, s: 0.08 if r == 3 and s % 4 == 0 else 0.0)
+    )
+    assert s == pytest.approx(truth, rel=0.02)
+    assert [(rank, cause) for rank, cause, _ in found] == [(3, "python_gc")]
+
+
+def test_healthy_job_with_jitter_names_nobody() -> None:
+    # ±1 ms of deterministic jitter on a 40 ms step: every rank is sometimes the slowest.
+    job = DdpJob(ranks=4, jitter=lambda r, s: 0.001 * (((r * 7 + s * 3) % 5) - 2) / 2)
+    truth, s, out, found = truth_and_summary(job)
+    assert truth == 1.0
+    assert s < 1.05
+    assert found == []
+    assert [d.cause for d in out["diagnoses"]] == []
+
+
+def test_every_rank_equally_slow_is_not_a_straggler() -> None:
+    """All ranks wait 20 ms outside the phases: job-wide host work, nobody to blame."""
+    job = DdpJob(ranks=4, untimed=lambda r, s: 0.020)
+    _, s, _, found = truth_and_summary(job)
+    assert s == pytest.approx(1.0, abs=1e-6)
+    assert found == []
