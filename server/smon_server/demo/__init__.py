@@ -130,10 +130,16 @@ def render_summary(summary: dict[str, Any]) -> None:
     verdict = "[red]straggling[/red]" if s >= 1.1 else "[green]healthy[/green]"
     console.print(
         f"\n[bold]Job {summary['job_id']}[/bold] ({summary['state']}, "
-        f"{summary['steps_seen']} steps analysed): slowdown [bold]{s:.2f}x[/bold] "
+        f"steps {summary.get('from_step')}-{summary.get('to_step')} analysed after "
+        f"{summary.get('warmup_steps', 0)} warm-up steps): slowdown [bold]{s:.2f}x[/bold] "
         f"{verdict}, waste {100 * (waste or 0):.0f}% of GPU time, "
         f"{summary['gpu_hours_wasted']:.4f} GPU-hours wasted"
     )
+    if summary.get("discrepancy_flagged"):
+        console.print(
+            f"[yellow]The replay misses the measured steps by more than 5% "
+            f"(discrepancy {summary['simulation_discrepancy']:.2f}): treat these numbers with care.[/yellow]"
+        )
     if summary["stragglers"]:
         table = Table(title="Stragglers (worst first)")
         for column in ("rank", "host", "dp_rank", "stage", "slowdown", "cause"):
