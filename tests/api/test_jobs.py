@@ -222,7 +222,6 @@ def test_throttled_gpu_turns_slow_worker_into_gpu_throttling(
     client: httpx.Client, server: BackgroundServer
 ) -> None:
     job = f.new_job_id("throttle")
-    push_job(server, job, slow_rank=SLOW_RANK, slow_forward=0.03)
     now = time.time()
     with grpc.insecure_channel(server.grpc_target) as channel:
         stub = pb_grpc.IngestStub(channel)
@@ -240,6 +239,8 @@ def test_throttled_gpu_turns_slow_worker_into_gpu_throttling(
                 for i in range(10)
             ]
             stub.Push(f.batch(job, rank, WORLD, seq=2, gpu_samples=samples))
+    # Steps after the samples: the server's own loop may analyse as soon as steps arrive.
+    push_job(server, job, slow_rank=SLOW_RANK, slow_forward=0.03)
     analyse(server)
     s = client.get(f"/api/v1/jobs/{job}/summary").json()
     assert s["diagnoses"][0]["cause"] == "gpu_throttling"

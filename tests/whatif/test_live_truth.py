@@ -82,7 +82,7 @@ def test_slow_data_loader_and_gc_name_their_rank() -> None:
     assert s == pytest.approx(truth, rel=0.02)
     assert [(rank, cause) for rank, cause, _ in found] == [(2, "data_loader")]
     truth, s, _, found = truth_and_summary(
-        DdpJob(ranks=4, gc_pause=lambda r, s: 0.08 if r == 3 and s % 4 == 0 else 0.0)
+        DdpJob(ranks=4, gc_pause=lambda r, s: 0.08 if r == 3 and s % 4 == 1 else 0.0)
     )
     assert s == pytest.approx(truth, rel=0.02)
     assert [(rank, cause) for rank, cause, _ in found] == [(3, "python_gc")]

@@ -19,9 +19,13 @@ Knobs, each off by default (rank -1 = no rank):
     --slow-rank R --delay S            rank R's forward takes S s longer (a slow GPU)
     --host-rank R --host-delay S       rank R sleeps S s before each micro-step's forward, outside
                                        every phase SMon times (untimed host work)
-    --slow-data-rank R --data-delay S  rank R's dataset takes S s per batch (__getitem__)
-    --gc-rank R --gc-every N           rank R builds garbage and runs gc.collect() every N steps
-    --eval-every N --eval-batches B    rank 0 alone evaluates B batches after every N-th step; the
+    --slow-data-rank R --data-delay S  rank R's dataset takes S s per batch (__getitem__; with
+                                       --workers the workers' prefetching hides part of it)
+    --gc-rank R --gc-every N           rank R builds garbage and runs gc.collect() every N steps,
+                                       between backward and optimizer.step(): the other ranks feel
+                                       it at the next step's all-reduce
+    --eval-every N --eval-batches B    rank 0 alone evaluates B batches after every N-th step,
+                                       through the DDP module (SMon sees `eval` forwards); the
                                        other ranks go on and wait at the next all-reduce
     --log-every N                      rank 0 logs the loss (loss.item()) every N steps
     --ckpt-every N                     rank 0 saves model + optimizer state every N steps (DDP
@@ -140,8 +144,8 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def make_garbage(objects: int = 10_000) -> None:
     """Reference cycles that only the cycle collector frees. The pause of the `gc.collect()` that
-    follows is mostly the walk over every live container object: a process that has imported torch
-    holds ~170k of them, ~0.1 s per full collection on this kind of CPU."""
+    follows is mostly the walk over every live container object: a DDP process holds a few hundred
+    thousand of them (torch alone ~170k), 0.1-0.4 s per full collection on a small shared CPU."""
     nodes: list[dict[str, object]] = [{"id": i} for i in range(objects)]
     for node, following in zip(nodes, nodes[1:] + nodes[:1], strict=True):
         node["next"] = following

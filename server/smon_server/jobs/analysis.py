@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from sqlalchemy.orm import Session
 
 from smon_server.jobs import live
@@ -66,17 +67,19 @@ def analyze_job(
     agents = queries.job_agents(session=session, job_id=job.job_id)
     liveness = job_liveness(job, agents, now=now, stall_seconds=settings.stall_seconds)
     warm = warmup_ranges(queries.restart_steps(session=session, job_id=job.job_id), settings.warmup_steps)
-    rows = [
-        r
-        for r in complete_steps(
-            queries.step_rows(session=session, job_id=job.job_id, from_step=lo, to_step=hi)
-        )
-        if not in_ranges(r.step, warm)
-    ]
+    # One step before the window: steps are cut at their last collective, and the window's
+    # first step starts with the tail of the one before it (whatif/from_steps.py).
+    before = lo - 1 if lo is not None else None
+    rows = complete_steps(queries.step_rows(session=session, job_id=job.job_id, from_step=before, to_step=hi))
+    ops = build_op_table(rows) if rows else None
+    if ops is not None:
+        analysed = np.array([not in_ranges(int(x), warm) for x in ops.step]) & (ops.step >= (lo or 0))
+        ops = ops.take(analysed) if analysed.any() else None
+    steps_analysed = sorted({int(x) for x in ops.step}) if ops is not None else []
     times = [
         t
         for t in queries.step_times(session=session, job_id=job.job_id, from_step=lo, to_step=hi)
-        if not in_ranges(t[0], warm)
+        if t[0] in set(steps_analysed)
     ]
     window_start = min((t[1] for t in times), default=None)
     window_end = max((t[2] for t in times), default=None)
@@ -91,7 +94,7 @@ def analyze_job(
     for a in agents:
         worker_ranks.setdefault((a.dp_rank, a.pp_rank), []).append(a.rank)
     analysis = live.analyze_live(
-        build_op_table(rows) if rows else None,
+        ops,
         gpus=gpus,
         elapsed_hours=elapsed_hours,
         hosts=hosts,
@@ -109,9 +112,9 @@ def analyze_job(
     summary = analysis.summary
     summary.update(
         state=liveness.state.value,
-        from_step=min((r.step for r in rows), default=lo),
-        to_step=max((r.step for r in rows), default=hi),
-        steps_seen=len({r.step for r in rows}),
+        from_step=steps_analysed[0] if steps_analysed else lo,
+        to_step=steps_analysed[-1] if steps_analysed else hi,
+        steps_seen=len(steps_analysed),
     )
     return {
         "state": liveness.state.value,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 
 from sqlalchemy import select, text
@@ -66,11 +67,22 @@ def _try_lease(session: Session, job_id: str, *, wait: bool = False) -> bool:
     return wait or got == "true"
 
 
+_local_leases: dict[str, threading.Lock] = {}
+_local_leases_guard = threading.Lock()
+
+
+def _local_lease(job_id: str) -> threading.Lock:
+    """Serialises the loop and API requests on one job within this process (SQLite has no
+    advisory locks; on PostgreSQL the database lease also covers other replicas)."""
+    with _local_leases_guard:
+        return _local_leases.setdefault(job_id, threading.Lock())
+
+
 def analyse_one(context: ServerContext, job_id: str, now: float, *, state_change_only: bool = False) -> bool:
     """Analyse one job if it has news (or, with `state_change_only`, only if it changed state
     since its stored analysis: what the API does before serving it) and store the result."""
     settings = context.settings
-    with context.db.transaction() as session:
+    with _local_lease(job_id), context.db.transaction() as session:
         # The API waits for a running analysis of the job (then usually finds it up to date).
         if not _try_lease(session, job_id, wait=state_change_only):
             return False

@@ -7,6 +7,13 @@ happen on the way:
 - Every stretch of the step no span covers becomes a `host` op (untimed host work: logging,
   evaluation loops, clipping, sleeps), so the replayed step is the real one and work outside the
   timed phases can be blamed like any other.
+- Steps are re-cut at the step's last collective (the DDP gradient all-reduce): what a rank does
+  after it (optimizer, a GC pause, rank 0's evaluation) delays the *next* step's collective on
+  every other rank, so it is replayed as the start of that next step. The collective ends at the
+  same instant on every rank, so every rank's replayed step then starts together, as the replay
+  assumes. The first step of each run of consecutive steps only lends its tail to the next one
+  (its own start is not in the rows), so callers pass one step before the window they want. A
+  job without collectives keeps the agent's boundaries (the optimizer step).
 - TP peers of one worker run in lockstep: only the lowest tp_rank of each (dp_rank, stage) worker
   is kept for the simulation (the per-rank heatmap still reads every rank's records).
 Records with no spans (an agent that only reports phase totals) get their phases laid end to end
@@ -92,11 +99,31 @@ def build_op_table(rows: Iterable[StepLike]) -> OpTable:
         lead_tp[key] = min(lead_tp.get(key, r.tp_rank), r.tp_rank)
 
     cols: dict[str, list[Any]] = {name: [] for name in OpTable.COLUMNS}
-    for r in rows:
-        if r.tp_rank != lead_tp[(r.dp_rank, r.pp_rank)]:
-            continue
+    lead = sorted(
+        (r for r in rows if r.tp_rank == lead_tp[(r.dp_rank, r.pp_rank)]), key=lambda r: (r.rank, r.step)
+    )
+    carry: list[_Op] = []  # ops after the previous step's last collective (absolute times)
+    carry_from: tuple[int, int, float] | None = None  # (rank, step, where the window starts)
+    for r in lead:
         mb_sq = {int(m[0]): float(m[3]) for m in r.microbatch_seq}
-        for op in _with_host_work(_operations(r), float(r.duration)):
+        own = [(t, r.start_time + a, d, mb, ch, r.start_time + e) for t, a, d, mb, ch, e in _operations(r)]
+        continues = carry_from is not None and carry_from[:2] == (r.rank, r.step - 1)
+        if continues:
+            window_start, ops = carry_from[2], carry + own  # type: ignore[index]
+        else:
+            window_start, ops = r.start_time, own
+        cut = max((e for t, _, _, _, _, e in own if t in O.COLLECTIVE_OP_TYPES), default=None)
+        if cut is None:  # no collective seen: the agent's own step boundary
+            window_end, carry, carry_from = r.start_time + float(r.duration), [], None
+        else:
+            window_end = cut
+            carry = [op for op in ops if op[1] >= cut]
+            ops = [op for op in ops if op[1] < cut]
+            carry_from = (r.rank, r.step, cut)
+            if not continues:  # its start is cut off (the window's first step): only feeds the next
+                continue
+        relative = [(t, a - window_start, d, mb, ch, e - window_start) for t, a, d, mb, ch, e in ops]
+        for op in _with_host_work(relative, window_end - window_start):
             op_type, start, duration, microbatch, chunk, seq_id, precedes = op
             code = names.setdefault(op_type, len(names))
             if op_type == O.HOST:  # named by the op it precedes, so steps with and without it align
@@ -108,13 +135,13 @@ def build_op_table(rows: Iterable[StepLike]) -> OpTable:
             cols["seq_id"].append(seq_id)
             cols["chunk"].append(chunk)
             cols["microbatch"].append(microbatch)
-            cols["start"].append(r.start_time + start)
+            cols["start"].append(window_start + start)
             cols["duration"].append(duration)
             cols["rank"].append(r.rank)
             cols["seq_sq"].append(_seq_sq(op_type, microbatch, mb_sq, r.seq_sum_sq))
 
     arrays = {name: np.asarray(cols[name], dtype=dtype) for name, dtype in OpTable.COLUMNS.items()}
-    return OpTable(op_types=tuple(names), **arrays)
+    return OpTable(op_types=tuple(names), ends_at_last_op=True, **arrays)
 
 
 def _seq_sq(op_type: str, microbatch: int, per_mb: dict[int, float], step_sq: float) -> float:

@@ -103,9 +103,9 @@ def build_graph(layout: StepLayout) -> StepGraph:
     deps_t = tuple(tuple(sorted(set(d))) for d in deps)
     order = _topological_order(n, deps_t, group_of, groups)
     end_slots = np.array([j for j in range(n) if names[j] == STEP_END_OP], dtype=np.intp)
-    if end_slots.size == 0 or O.HOST in names:
-        # Step records cover the whole step (host work included): it ends where its last op ends,
-        # which is after the optimizer when a script does work there (rank 0's evaluation).
+    if end_slots.size == 0 or layout.ends_at_last_op:
+        # Step records cover the whole step (host work included) and are cut at the last
+        # collective (from_steps.py): the step ends where its last op ends.
         end_slots = np.arange(n, dtype=np.intp)
     return StepGraph(
         n_slots=n,

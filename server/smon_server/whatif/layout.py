@@ -68,6 +68,7 @@ class StepLayout:
     step_origin: np.ndarray  # [n_steps] float64: `start` is relative to it
     ranks: np.ndarray  # [n_dp, n_stages] global rank of each worker (-1 unknown)
     quality: LayoutQuality
+    ends_at_last_op: bool = False  # OpTable.ends_at_last_op
 
     @property
     def n_slots(self) -> int:
@@ -224,6 +225,7 @@ def build_layout(table: OpTable, dtype: npt.DTypeLike = np.float64) -> StepLayou
             reordered_instances=reordered,
             missing_workers=int((~worker_seen).sum()),
         ),
+        ends_at_last_op=table.ends_at_last_op,
     )
 
 

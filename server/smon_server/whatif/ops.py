@@ -73,6 +73,9 @@ class OpTable:
     duration: np.ndarray  # float64
     rank: np.ndarray  # int32
     seq_sq: np.ndarray = field(default_factory=lambda: np.empty(0))  # float64, or empty
+    # True for tables built from step records, which cover each step whole: the step ends where
+    # its last op ends. Traces end a step at the latest optimizer end (the paper's definition).
+    ends_at_last_op: bool = False
 
     # The per-row columns and their dtypes, for code that builds or copies tables column-wise.
     COLUMNS: ClassVar[dict[str, type[np.generic]]] = {
@@ -114,6 +117,7 @@ class OpTable:
             duration=self.duration[rows],
             rank=self.rank[rows],
             seq_sq=self.seq_sq[rows] if self.seq_sq.shape[0] == len(self) else self.seq_sq,
+            ends_at_last_op=self.ends_at_last_op,
         )
 
 

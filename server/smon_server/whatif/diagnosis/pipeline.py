@@ -130,7 +130,9 @@ def sequence_imbalance(f: Facts) -> list[Diagnosis]:
             return []  # lengths do not explain it, or one worker is slowest every time
         confidence = clip01(0.75 + 0.25 * varying) if n_steps >= 3 else 0.5
         lengths = "Micro-batch compute tracks Σ len² of its sequences"
-    elif moving and varying:
+    elif moving and varying and not f.table.ends_at_last_op:
+        # Timing alone, for traces (which carry no lengths). Live agents read lengths wherever
+        # they are visible; without them, time-slicing on a shared host looks just like this.
         confidence = 0.6
         lengths = (
             "Micro-batch compute varies widely with no persistent per-worker pattern (sequence "
@@ -166,12 +168,16 @@ def _length_correlation(f: Facts) -> float | None:
         return None
     stage, op_type, seq_sq, duration = t.stage[rows], t.op_type[rows], t.seq_sq[rows], t.duration[rows]
     total, weight = 0.0, 0
+    constant = True
     for s in np.unique(stage):
         for code in codes:
             m = (stage == s) & (op_type == code)
             x, y = seq_sq[m], duration[m]
+            constant &= bool(x.size == 0 or x.std() == 0)
             if x.size < 3 or x.std() == 0 or y.std() == 0:
                 continue
             total += float(np.corrcoef(x, y)[0, 1]) * x.size
             weight += x.size
+    if constant:
+        return 0.0  # lengths were recorded and never vary: they cannot explain anything
     return total / weight if weight else None

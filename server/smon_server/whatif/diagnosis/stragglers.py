@@ -2,9 +2,10 @@
 
 A worker is a straggler when restoring its measured durations alone makes the ideal job straggle
 (`S_w` at or above the straggling threshold) *and* it stands out from its DP peers of the same
-stage: its own time per step, summed over the op types where it is slower than the peers' typical
-worker (the lower median: for two workers, the faster one), is at least `min_standout` of the
-ideal step. Ranks that only wait for a straggler have no such surplus (waiting is not transfer,
+stage: its own busy time per step (every op, transfers without the waiting) exceeds the peers'
+typical worker's (the lower median: for two workers, the faster one) by at least `min_standout`
+of the ideal step: the same 10% that makes a job straggling, so a worker is blamed only for
+what could make the job straggle on its own, and the jitter of shared hosts stays below it. Ranks that only wait for a straggler have no such surplus (waiting is not transfer,
 see durations.py), and when every worker is equally slow none stands out: that is a job-wide cause.
 
 Each straggler's cause is read from its own surplus, not from the job's leading diagnosis: the op
@@ -83,14 +84,15 @@ def surplus_by_type(f: Facts) -> tuple[list[str], np.ndarray, np.ndarray] | None
     return out
 
 
-def find_stragglers(f: Facts, min_standout: float = 0.05, limit: int = 16) -> list[Straggler]:
+def find_stragglers(f: Facts, min_standout: float = 0.10, limit: int = 16) -> list[Straggler]:
     a = f.result.attribution
     found = surplus_by_type(f)
     ideal = f.result.ideal_step_time
     if a is None or found is None or ideal <= 0:
         return []
     names, own, surplus = found
-    standout = np.clip(surplus, 0.0, None).sum(axis=0)  # [dp, stage] seconds per step
+    busy = own.sum(axis=0)  # [dp, stage] seconds per step
+    standout = busy - np.sort(busy, axis=0)[(busy.shape[0] - 1) // 2][None, :]
     s_w = np.where(np.isnan(a.worker), -np.inf, a.worker)
     candidates = (s_w >= f.result.config.straggling_threshold) & (standout >= min_standout * ideal)
     order = sorted(zip(*np.nonzero(candidates), strict=True), key=lambda w: -s_w[w])[:limit]
