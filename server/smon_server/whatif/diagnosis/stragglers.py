@@ -5,7 +5,8 @@ A worker is a straggler when restoring its measured durations alone makes the id
 stage: its own busy time per step (every op, transfers without the waiting) exceeds the peers'
 typical worker's (the lower median: for two workers, the faster one) by at least `min_standout`
 of the ideal step: the same 10% that makes a job straggling, so a worker is blamed only for
-what could make the job straggle on its own, and the jitter of shared hosts stays below it. Ranks that only wait for a straggler have no such surplus (waiting is not transfer,
+what could make the job straggle on its own, and the jitter of shared hosts stays below it.
+Ranks that only wait for a straggler have no such surplus (waiting is not transfer,
 see durations.py), and when every worker is equally slow none stands out: that is a job-wide cause.
 
 Each straggler's cause is read from its own surplus, not from the job's leading diagnosis: the op
