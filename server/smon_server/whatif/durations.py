@@ -12,7 +12,10 @@ That is the paper's estimator. On a small job the mean keeps much of a straggler
 their stage's DP peers in that op type (per-worker mean above the peers' typical one by more than a
 tolerance), then takes the same mean over the rest: a slow rank, its slow data loader, its GC
 pauses or rank 0's evaluation are not part of the ideal, while work every worker does (and stage
-imbalance, since stages are never compared with each other) stays in it. Absent
+imbalance, since stages are never compared with each other) stays in it. Communication too takes
+that mean of transfer times (not the median over all instances): transfers on a busy fabric or a
+shared host are heavy-tailed, and a median below the typical cost would blame every rank for the
+ordinary tail; a worker whose own transfers stand out is still left out, and so still blamed. Absent
 instances (a `gc` op on steps without a collection) count as zero-cost compute instances, so D* of
 an occasional phase is its average cost per step; absent communication instances are left out of
 the median. One D* per op type makes the ideal step identical on every step and DP replica.
@@ -90,13 +93,13 @@ def measure(
         slots = np.flatnonzero(layout.slot_type == code)
         name = layout.op_types[int(code)]
         values = measured[slots]
-        if graph.is_comm[slots[0]]:
-            chosen = values[present[slots]]
-            value = float(np.median(chosen)) if chosen.size else 0.0
-        elif estimator == "robust":
+        if estimator == "robust":
             value, out = _robust_mean(values, layout.slot_stage[slots], outlier_tolerance)
             if out:
                 left_out[name] = out
+        elif graph.is_comm[slots[0]]:
+            chosen = values[present[slots]]
+            value = float(np.median(chosen)) if chosen.size else 0.0
         else:
             value = float(values.mean(dtype=np.float64))
         ideal_by_type[name] = value
