@@ -21,15 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import select
 
 from smon_server.demo import training_command
-from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Agent
 from tests.conftest import server_settings
+from tests.e2e.test_ddp_jobs import analysed_summary
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -71,17 +70,7 @@ def run_job(server: BackgroundServer, name: str, args: list[str], report: Path) 
     )
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        jobs = {j["job_id"]: j for j in httpx.get(f"{server.http_url}/api/v1/jobs").json()["jobs"]}
-        if jobs.get(job, {}).get("last_step") == STEPS - 1:
-            break
-        time.sleep(0.2)
-    assert server.context is not None
-    analysis_pass(server.context, time.time())
-    response = httpx.get(f"{server.http_url}/api/v1/jobs/{job}/summary", timeout=30)
-    response.raise_for_status()
-    return job, dict(response.json())
+    return job, analysed_summary(server, job, steps=STEPS)
 
 
 def iteration_times(report: Path) -> list[float]:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from smon_server.whatif.diagnosis.base import HOST_WORK, Diagnosis, Facts, clip01, num
-from smon_server.whatif.diagnosis.stragglers import cause_of, surplus_by_type
+from smon_server.whatif.diagnosis.stragglers import cause_of, surplus_by_type, when_lost
 
 
 def host_work(f: Facts) -> list[Diagnosis]:
@@ -43,7 +43,7 @@ def host_work(f: Facts) -> list[Diagnosis]:
                 "op_types": {
                     names[r]: num(float(surplus[r][w])) for r in rows if surplus[r][w] > 0.01 * ideal
                 },
-                **_steps(f, [names[r] for r in rows], w),
+                **when_lost(f, [names[r] for r in rows], w),
             }
             for w in named
         ],
@@ -59,28 +59,6 @@ def host_work(f: Facts) -> list[Diagnosis]:
             ranks=tuple(r for w in named for r in f.ranks_of(*w)),
         )
     ]
-
-
-def _steps(f: Facts, op_types: list[str], w: tuple[int, ...]) -> dict[str, Any]:
-    totals = [t for t in (f.type_totals(n) for n in op_types) if t is not None]
-    if not totals:
-        return {}
-    mine = sum(t[:, w[0], w[1]] for t in totals)
-    peers = sum(np.median(t[:, :, w[1]], axis=1) for t in totals)
-    lost = np.asarray(mine - peers)
-    if lost.max() <= 0:
-        return {}
-    big = lost > 0.5 * float(lost.max())
-    if big.mean() >= 0.8:
-        return {"on_every_step": True}
-    steps = f.result.steps[big]
-    out: dict[str, Any] = {"steps": [int(s) for s in steps[:20]], "max_s": num(float(lost.max()))}
-    if steps.size >= 2:
-        gaps = np.diff(steps)
-        interval = int(np.bincount(gaps).argmax())
-        if float((gaps == interval).mean()) >= 0.8:
-            out["every_n_steps"] = interval
-    return out
 
 
 def _advice(f: Facts, named: list[tuple[int, ...]], evidence: dict[str, Any]) -> str:

@@ -115,7 +115,7 @@ def find_stragglers(f: Facts, min_standout: float = 0.10, limit: int = 16) -> li
             "surplus_of_ideal_step": num(float(surplus[t, d, s] / ideal)),
             "total_surplus_s_per_step": num(float(standout[w])),
         }
-        evidence.update(_when(f, op_type, w))
+        evidence.update(when_lost(f, [op_type], w))
         if gpu:
             evidence["gpu"] = gpu
         out.append(
@@ -124,24 +124,26 @@ def find_stragglers(f: Facts, min_standout: float = 0.10, limit: int = 16) -> li
     return out
 
 
-def _when(f: Facts, op_type: str, w: tuple[int, int]) -> dict[str, Any]:
-    """On which steps the worker lost its time: every step, or some (with the interval if regular)."""
-    per_step = f.type_totals(op_type)
-    if per_step is None:
+def when_lost(f: Facts, op_types: list[str], w: tuple[int, ...]) -> dict[str, Any]:
+    """On which steps worker `w` lost its time in `op_types` against its stage peers' median:
+    every step, or some (listed, with the interval when it is periodic) and the worst loss."""
+    totals = [t for t in (f.type_totals(n) for n in op_types) if t is not None]
+    if not totals:
         return {}
-    mine = per_step[:, w[0], w[1]]
-    peers = np.median(per_step[:, :, w[1]], axis=1)
-    lost = mine - peers
-    big = lost > 0.5 * float(lost.max()) if lost.max() > 0 else np.zeros_like(lost, dtype=bool)
-    steps = f.result.steps[big]
+    lost = np.asarray(sum(t[:, w[0], w[1]] - np.median(t[:, :, w[1]], axis=1) for t in totals))
+    if lost.max() <= 0:
+        return {}
+    big = lost > 0.5 * float(lost.max())
     out: dict[str, Any] = {"steps_affected": int(big.sum()), "steps_analysed": int(lost.size)}
-    if 0 < big.sum() < 0.8 * lost.size:
-        out["steps"] = [int(x) for x in steps[:20]]
-        if steps.size >= 2:
-            gaps = np.diff(steps)
-            interval = int(np.bincount(gaps).argmax())
-            if float((gaps == interval).mean()) >= 0.8:
-                out["every_n_steps"] = interval
+    if big.mean() >= 0.8:
+        return {**out, "on_every_step": True}
+    steps = f.result.steps[big]
+    out.update(steps=[int(x) for x in steps[:20]], max_s=num(float(lost.max())))
+    if steps.size >= 2:
+        gaps = np.diff(steps)
+        interval = int(np.bincount(gaps).argmax())
+        if float((gaps == interval).mean()) >= 0.8:
+            out["every_n_steps"] = interval
     return out
 
 
