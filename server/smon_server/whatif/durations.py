@@ -12,10 +12,12 @@ That is the paper's estimator. On a small job the mean keeps much of a straggler
 their stage's DP peers in that op type (per-worker mean above the peers' typical one by more than a
 tolerance), then takes the same mean over the rest: a slow rank, its slow data loader, its GC
 pauses or rank 0's evaluation are not part of the ideal, while work every worker does (and stage
-imbalance, since stages are never compared with each other) stays in it. Communication too takes
-that mean of transfer times (not the median over all instances): transfers on a busy fabric or a
-shared host are heavy-tailed, and a median below the typical cost would blame every rank for the
-ordinary tail; a worker whose own transfers stand out is still left out, and so still blamed. Absent
+imbalance, since stages are never compared with each other) stays in it. Communication takes the
+plain mean of transfer times over every instance (not the paper's median): transfers on a busy
+fabric or a shared host are heavy-tailed, and a median below the typical cost blamed every rank
+of healthy jobs for the ordinary tail; which end of a collective sees the longer transfer is an
+artifact of where it is timed, so no worker is left out either. A worker whose transfers stand
+out is named by the communication rule (its transfers against its stage's median). Absent
 instances (a `gc` op on steps without a collection) count as zero-cost compute instances, so D* of
 an occasional phase is its average cost per step; absent communication instances are left out of
 the median. One D* per op type makes the ideal step identical on every step and DP replica.
@@ -43,6 +45,7 @@ class Durations:
 
 # Below this a per-worker difference in an op type's time is noise whatever its ratio (seconds).
 ABSOLUTE_TOLERANCE = 50e-6
+NOISE_MARGIN = 2.0  # robust sigmas of step-to-step jitter a left-out worker must stand beyond
 
 
 def measure(
@@ -93,7 +96,9 @@ def measure(
         slots = np.flatnonzero(layout.slot_type == code)
         name = layout.op_types[int(code)]
         values = measured[slots]
-        if estimator == "robust":
+        if estimator == "robust" and graph.is_comm[slots[0]]:
+            value = float(values.mean(dtype=np.float64))  # every transfer's ordinary tail stays
+        elif estimator == "robust":
             value, out = _robust_mean(values, layout.slot_stage[slots], outlier_tolerance)
             if out:
                 left_out[name] = out
@@ -124,23 +129,30 @@ def _robust_mean(
     `values` is [k slots, steps, dp] of one op type. Per stage, each DP worker's cost per step is
     compared with the *lower* median of its peers (for 2 workers: the faster one, so a straggler
     cannot hide in the reference); a worker more than max(tolerance x reference, 3 robust sigmas,
-    50 µs) above it is left out. Workers with no instance of the op type at all are peers at zero
+    50 µs) above it, and more than 2 robust sigmas of its step-to-step difference from that
+    reference worker, is left out. Workers with no instance of the op type at all are peers at zero
     cost (rank 0's evaluation: the others do none), as in the paper's mean."""
     total, count = 0.0, 0
     left_out: list[tuple[int, int]] = []
     for stage in np.unique(slot_stage):
         rows = slot_stage == stage
         block = values[rows]  # [k, steps, dp]
-        per_worker = block.sum(axis=0, dtype=np.float64).mean(axis=0)  # [dp]: cost per step
+        step_cost = block.sum(axis=0, dtype=np.float64)  # [steps, dp]
+        per_worker = step_cost.mean(axis=0)  # [dp]: cost per step
         keep = np.ones(per_worker.shape[0], dtype=bool)
         peers = np.sort(per_worker)  # a worker without the op type is a zero-cost peer
         if peers.size >= 2:
-            reference = float(peers[(peers.size - 1) // 2])
+            ref_worker = int(np.argsort(per_worker, kind="stable")[(peers.size - 1) // 2])
+            reference = float(per_worker[ref_worker])
             spread = 0.0
             if peers.size >= 5:
                 spread = 1.4826 * float(np.median(np.abs(peers - np.median(peers))))
             limit = reference + max(tolerance * reference, 3.0 * spread, ABSOLUTE_TOLERANCE)
-            keep = per_worker <= limit
+            # ... and beyond its own step-to-step jitter against the reference worker: heavy
+            # tails of a shared host (a transfer now and then 4x its median) are not a straggler.
+            diff = step_cost - step_cost[:, ref_worker][:, None]
+            jitter = 1.4826 * np.median(np.abs(diff - np.median(diff, axis=0)), axis=0)
+            keep = (per_worker <= limit) | (per_worker - reference <= NOISE_MARGIN * jitter)
             left_out.extend((int(d), int(stage)) for d in np.flatnonzero(~keep))
         total += float(block[:, :, keep].sum(dtype=np.float64))
         count += int(block.shape[0] * block.shape[1] * int(keep.sum()))

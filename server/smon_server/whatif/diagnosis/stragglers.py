@@ -4,8 +4,10 @@ A worker is a straggler when restoring its measured durations alone makes the id
 (`S_w` at or above the straggling threshold) *and* it stands out from its DP peers of the same
 stage: its own busy time per step (every op, transfers without the waiting) exceeds the peers'
 typical worker's (the lower median: for two workers, the faster one) by at least `min_standout`
-of the ideal step: the same 10% that makes a job straggling, so a worker is blamed only for
-what could make the job straggle on its own, and the jitter of shared hosts stays below it.
+of the ideal step (the same 10% that makes a job straggling, so a worker is blamed only for
+what could make the job straggle on its own) and by at least two robust sigmas of its
+step-to-step jitter against that worker (so a rank that shares its core with something else for
+a while, on a healthy job, is not blamed for the noise).
 Ranks that only wait for a straggler have no such surplus (waiting is not transfer,
 see durations.py), and when every worker is equally slow none stands out: that is a job-wide cause.
 
@@ -86,6 +88,14 @@ def surplus_by_type(f: Facts) -> tuple[list[str], np.ndarray, np.ndarray] | None
 
 
 def find_stragglers(f: Facts, min_standout: float = 0.10, limit: int = 16) -> list[Straggler]:
+    key = f"stragglers:{min_standout}:{limit}"
+    if key not in f.cache:
+        f.cache[key] = _find(f, min_standout, limit)
+    cached: list[Straggler] = f.cache[key]
+    return cached
+
+
+def _find(f: Facts, min_standout: float, limit: int) -> list[Straggler]:
     a = f.result.attribution
     found = surplus_by_type(f)
     ideal = f.result.ideal_step_time
@@ -96,6 +106,7 @@ def find_stragglers(f: Facts, min_standout: float = 0.10, limit: int = 16) -> li
     standout = busy - np.sort(busy, axis=0)[(busy.shape[0] - 1) // 2][None, :]
     s_w = np.where(np.isnan(a.worker), -np.inf, a.worker)
     candidates = (s_w >= f.result.config.straggling_threshold) & (standout >= min_standout * ideal)
+    candidates &= standout >= NOISE_MARGIN * _jitter(f, names, busy)
     order = sorted(zip(*np.nonzero(candidates), strict=True), key=lambda w: -s_w[w])[:limit]
     out = []
     for d, s in order:
@@ -145,6 +156,25 @@ def when_lost(f: Facts, op_types: list[str], w: tuple[int, ...]) -> dict[str, An
         if float((gaps == interval).mean()) >= 0.8:
             out["every_n_steps"] = interval
     return out
+
+
+def _jitter(f: Facts, names: list[str], busy: np.ndarray) -> np.ndarray:
+    """[dp, stage]: the step-to-step jitter (robust sigma) of each worker's busy time against
+    its stage's typical worker, step by step. A surplus within a couple of these is the host's
+    scheduling noise (one rank sharing its core with something else for a while), not a
+    straggler: a slow GPU or a sleeping rank shifts every step (or some steps by a lot), while
+    noise only widens the spread."""
+    totals = [t for t in (f.type_totals(n) for n in names) if t is not None]
+    per_step: np.ndarray = np.sum(totals, axis=0)  # [step, dp, stage]
+    out = np.zeros_like(busy)
+    for s in range(busy.shape[1]):
+        reference = int(np.argsort(busy[:, s], kind="stable")[(busy.shape[0] - 1) // 2])
+        diff = per_step[:, :, s] - per_step[:, reference, s][:, None]
+        out[:, s] = 1.4826 * np.median(np.abs(diff - np.median(diff, axis=0)), axis=0)
+    return out
+
+
+NOISE_MARGIN = 2.0  # a straggler's surplus is at least this many jitter sigmas
 
 
 def _unhealthy_gpus(f: Facts, w: tuple[int, int]) -> dict[str, Any]:

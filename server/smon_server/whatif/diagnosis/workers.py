@@ -22,6 +22,7 @@ from smon_server.whatif.diagnosis.base import (
     clip01,
     num,
 )
+from smon_server.whatif.diagnosis.stragglers import find_stragglers
 from smon_server.whatif.signals import unhealthy
 
 OUTLIER = 1.05  # 5% slower than the stage median: well above run-to-run noise of one kernel mix
@@ -45,6 +46,10 @@ def worker_causes(f: Facts) -> list[Diagnosis]:
         if ratio.flat[k] >= cut:
             d, st = np.unravel_index(int(k), ratio.shape)
             named.append((int(d), int(st)))
+    # Only workers that stand out as stragglers (stragglers.py): a worker a few percent slower
+    # through host jitter has compute above its stage median too, but is not a slow worker.
+    standing_out = {(s.dp_index, s.stage_index) for s in find_stragglers(f)}
+    named = [w for w in named if w in standing_out]
     if not named:
         return []
     # How often a named worker is the slowest of its step (persistent, not wandering).
