@@ -19,7 +19,7 @@ from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness
 from smon_server.settings import Settings
 from smon_server.store import queries
-from smon_server.store.models import AnalysisResult, Job
+from smon_server.store.models import Agent, AnalysisResult, Job
 from smon_server.store.queries import StepWindow
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.from_steps import build_op_table, complete_steps
@@ -73,13 +73,14 @@ def analyze_job(
     rows = complete_steps(queries.step_rows(session=session, job_id=job.job_id, from_step=before, to_step=hi))
     ops = build_op_table(rows) if rows else None
     if ops is not None:
-        analysed = np.array([not in_ranges(int(x), warm) for x in ops.step]) & (ops.step >= (lo or 0))
+        analysed = (ops.step >= (lo or 0)) & ~in_ranges(ops.step, warm)
         ops = ops.take(analysed) if analysed.any() else None
-    steps_analysed = sorted({int(x) for x in ops.step}) if ops is not None else []
+    steps_analysed = [int(x) for x in np.unique(ops.step)] if ops is not None else []
+    kept = set(steps_analysed)
     times = [
         t
         for t in queries.step_times(session=session, job_id=job.job_id, from_step=lo, to_step=hi)
-        if t[0] in set(steps_analysed)
+        if t[0] in kept
     ]
     window_start = min((t[1] for t in times), default=None)
     window_end = max((t[2] for t in times), default=None)
@@ -105,9 +106,7 @@ def analyze_job(
         world_size=job.world_size,
         config=WhatIfConfig(estimator=settings.estimator),
         warmup_steps=settings.warmup_steps,
-        backend=Counter(a.backend for a in agents if a.backend).most_common(1)[0][0]
-        if any(a.backend for a in agents)
-        else "",
+        backend=_backend(agents),
     )
     summary = analysis.summary
     summary.update(
@@ -134,8 +133,18 @@ def warmup_ranges(starts: Sequence[int], warmup_steps: int) -> list[tuple[int, i
     return [(s, s + warmup_steps) for s in starts] if warmup_steps > 0 else []
 
 
-def in_ranges(step: int, ranges: Sequence[tuple[int, int]]) -> bool:
-    return any(lo <= step < hi for lo, hi in ranges)
+def in_ranges(steps: np.ndarray, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Mask of `steps` inside any [lo, hi) range (one vectorised pass per range, not per row)."""
+    inside = np.zeros(steps.shape, dtype=bool)
+    for lo, hi in ranges:
+        inside |= (steps >= lo) & (steps < hi)
+    return inside
+
+
+def _backend(agents: Sequence[Agent]) -> str:
+    """The torch.distributed backend most agents report ("" when none says)."""
+    reported = Counter(a.backend for a in agents if a.backend)
+    return reported.most_common(1)[0][0] if reported else ""
 
 
 def phase_heatmap(

@@ -31,6 +31,7 @@ import numpy as np
 
 from smon_server.whatif.graph import StepGraph
 from smon_server.whatif.layout import StepLayout
+from smon_server.whatif.robust import NOISE_MARGIN, jitter_against, lower_median_index, robust_sigma
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,6 @@ class Durations:
 
 # Below this a per-worker difference in an op type's time is noise whatever its ratio (seconds).
 ABSOLUTE_TOLERANCE = 50e-6
-NOISE_MARGIN = 2.0  # robust sigmas of step-to-step jitter a left-out worker must stand beyond
 
 
 def measure(
@@ -142,16 +142,13 @@ def _robust_mean(
         keep = np.ones(per_worker.shape[0], dtype=bool)
         peers = np.sort(per_worker)  # a worker without the op type is a zero-cost peer
         if peers.size >= 2:
-            ref_worker = int(np.argsort(per_worker, kind="stable")[(peers.size - 1) // 2])
+            ref_worker = lower_median_index(per_worker)
             reference = float(per_worker[ref_worker])
-            spread = 0.0
-            if peers.size >= 5:
-                spread = 1.4826 * float(np.median(np.abs(peers - np.median(peers))))
+            spread = float(robust_sigma(peers)) if peers.size >= 5 else 0.0
             limit = reference + max(tolerance * reference, 3.0 * spread, ABSOLUTE_TOLERANCE)
             # ... and beyond its own step-to-step jitter against the reference worker: heavy
             # tails of a shared host (a transfer now and then 4x its median) are not a straggler.
-            diff = step_cost - step_cost[:, ref_worker][:, None]
-            jitter = 1.4826 * np.median(np.abs(diff - np.median(diff, axis=0)), axis=0)
+            jitter = jitter_against(step_cost, ref_worker)
             keep = (per_worker <= limit) | (per_worker - reference <= NOISE_MARGIN * jitter)
             left_out.extend((int(d), int(stage)) for d in np.flatnonzero(~keep))
         total += float(block[:, :, keep].sum(dtype=np.float64))

@@ -102,24 +102,24 @@ def build_op_table(rows: Iterable[StepLike]) -> OpTable:
     lead = sorted(
         (r for r in rows if r.tp_rank == lead_tp[(r.dp_rank, r.pp_rank)]), key=lambda r: (r.rank, r.step)
     )
-    carry: list[_Op] = []  # ops after the previous step's last collective (absolute times)
-    carry_from: tuple[int, int, float] | None = None  # (rank, step, where the window starts)
+    # The previous step's tail: ops after its last collective (absolute times), which rank and
+    # step it belongs to, and where it starts (that collective's end).
+    carry: list[_Op] = []
+    carried_by: tuple[int, int] | None = None
+    carry_start = 0.0
     for r in lead:
         mb_sq = {int(m[0]): float(m[3]) for m in r.microbatch_seq}
         own = [(t, r.start_time + a, d, mb, ch, r.start_time + e) for t, a, d, mb, ch, e in _operations(r)]
-        continues = carry_from is not None and carry_from[:2] == (r.rank, r.step - 1)
-        if continues:
-            window_start, ops = carry_from[2], carry + own  # type: ignore[index]
-        else:
-            window_start, ops = r.start_time, own
+        continues = carried_by == (r.rank, r.step - 1)
+        window_start, ops = (carry_start, carry + own) if continues else (r.start_time, own)
         cut = max((e for t, _, _, _, _, e in own if t in O.COLLECTIVE_OP_TYPES), default=None)
         if cut is None:  # no collective seen: the agent's own step boundary
-            window_end, carry, carry_from = r.start_time + float(r.duration), [], None
+            window_end, carry, carried_by = r.start_time + float(r.duration), [], None
         else:
             window_end = cut
             carry = [op for op in ops if op[1] >= cut]
             ops = [op for op in ops if op[1] < cut]
-            carry_from = (r.rank, r.step, cut)
+            carried_by, carry_start = (r.rank, r.step), cut
             if not continues:  # its start is cut off (the window's first step): only feeds the next
                 continue
         relative = [(t, a - window_start, d, mb, ch, e - window_start) for t, a, d, mb, ch, e in ops]

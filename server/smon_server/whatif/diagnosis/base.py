@@ -11,7 +11,7 @@ import numpy as np
 
 from smon_server.whatif.engine import WhatIfResult
 from smon_server.whatif.ops import OpTable
-from smon_server.whatif.signals import Signals
+from smon_server.whatif.signals import Signals, unhealthy
 
 SLOW_WORKER = "slow_worker"
 GPU_THROTTLING = "gpu_throttling"
@@ -153,6 +153,21 @@ class Facts:
             return tuple(ranks)
         rank = int(self.result.worker_rank[dp_index, stage_index])
         return (rank,) if rank >= 0 else ()
+
+    def unhealthy_gpus(self, worker: tuple[int, int]) -> dict[str, dict[str, Any]]:
+        """The worker's ranks whose GPU throttles or reports errors (signals.unhealthy), with
+        the numbers that say so; empty when all look fine or nothing is known."""
+        bad = {}
+        for rank in self.ranks_of(*worker):
+            h = self.signals.gpu.get(rank)
+            if h is not None and unhealthy(h):
+                bad[str(rank)] = {
+                    "throttled_fraction": num(h.throttled_fraction),
+                    "sm_clock_ratio": None if h.sm_clock_ratio is None else num(h.sm_clock_ratio),
+                    "ecc_uncorrected": h.ecc_uncorrected,
+                    "xid_events": h.xid_events,
+                }
+        return bad
 
     def where(self, dp_index: int, stage_index: int) -> str:
         """'rank 12 on host h1 (dp 3, stage 1)' for recommendations."""

@@ -37,7 +37,7 @@ from smon_server.whatif.diagnosis.base import (
     Facts,
     num,
 )
-from smon_server.whatif.signals import unhealthy
+from smon_server.whatif.robust import NOISE_MARGIN, jitter_against, lower_median_index
 
 COMPUTE_TYPES = frozenset({O.FORWARD_COMPUTE, O.BACKWARD_COMPUTE, O.OPTIMIZER, "h2d"})
 CHECKPOINT_WORDS = ("checkpoint", "ckpt", "save")
@@ -79,12 +79,17 @@ def surplus_by_type(f: Facts) -> tuple[list[str], np.ndarray, np.ndarray] | None
     out = None
     if grid is not None:
         names = sorted({str(n) for n in grid[2].tolist()})
-        own = np.stack([f.type_totals(n) for n in names]).mean(axis=1)  # type: ignore[misc]
+        own = np.stack(_totals(f, names)).mean(axis=1)
         ordered = np.sort(own, axis=1)
         lower_median = ordered[:, (own.shape[1] - 1) // 2, :]  # [type, stage]
         out = (names, own, own - lower_median[:, None, :])
     f.cache["surplus"] = out
     return out
+
+
+def _totals(f: Facts, names: list[str]) -> list[np.ndarray]:
+    """Seconds per [step, dp, stage] of each named op type (all present in the table)."""
+    return [t for t in (f.type_totals(n) for n in names) if t is not None]
 
 
 def find_stragglers(f: Facts, min_standout: float = 0.10, limit: int = 16) -> list[Straggler]:
@@ -103,7 +108,7 @@ def _find(f: Facts, min_standout: float, limit: int) -> list[Straggler]:
         return []
     names, own, surplus = found
     busy = own.sum(axis=0)  # [dp, stage] seconds per step
-    standout = busy - np.sort(busy, axis=0)[(busy.shape[0] - 1) // 2][None, :]
+    standout = busy - np.sort(busy, axis=0)[(busy.shape[0] - 1) // 2][None, :]  # over the lower median
     s_w = np.where(np.isnan(a.worker), -np.inf, a.worker)
     candidates = (s_w >= f.result.config.straggling_threshold) & (standout >= min_standout * ideal)
     candidates &= standout >= NOISE_MARGIN * _jitter(f, names, busy)
@@ -114,7 +119,7 @@ def _find(f: Facts, min_standout: float, limit: int) -> list[Straggler]:
         t = int(np.argmax(surplus[:, d, s]))
         op_type = names[t]
         cause = cause_of(op_type)
-        gpu = _unhealthy_gpus(f, w)
+        gpu = f.unhealthy_gpus(w)
         if cause == SLOW_WORKER and gpu:
             cause = GPU_THROTTLING
         evidence: dict[str, Any] = {
@@ -138,7 +143,7 @@ def _find(f: Facts, min_standout: float, limit: int) -> list[Straggler]:
 def when_lost(f: Facts, op_types: list[str], w: tuple[int, ...]) -> dict[str, Any]:
     """On which steps worker `w` lost its time in `op_types` against its stage peers' median:
     every step, or some (listed, with the interval when it is periodic) and the worst loss."""
-    totals = [t for t in (f.type_totals(n) for n in op_types) if t is not None]
+    totals = _totals(f, op_types)
     if not totals:
         return {}
     lost = np.asarray(sum(t[:, w[0], w[1]] - np.median(t[:, :, w[1]], axis=1) for t in totals))
@@ -159,33 +164,12 @@ def when_lost(f: Facts, op_types: list[str], w: tuple[int, ...]) -> dict[str, An
 
 
 def _jitter(f: Facts, names: list[str], busy: np.ndarray) -> np.ndarray:
-    """[dp, stage]: the step-to-step jitter (robust sigma) of each worker's busy time against
-    its stage's typical worker, step by step. A surplus within a couple of these is the host's
-    scheduling noise (one rank sharing its core with something else for a while), not a
-    straggler: a slow GPU or a sleeping rank shifts every step (or some steps by a lot), while
-    noise only widens the spread."""
-    totals = [t for t in (f.type_totals(n) for n in names) if t is not None]
-    per_step: np.ndarray = np.sum(totals, axis=0)  # [step, dp, stage]
+    """[dp, stage]: the step-to-step jitter of each worker's busy time against its stage's
+    typical worker. A surplus within a couple of these is the host's scheduling noise (one rank
+    sharing its core with something else for a while), not a straggler: a slow GPU or a sleeping
+    rank shifts every step (or some steps by a lot), while noise only widens the spread."""
+    per_step: np.ndarray = np.sum(_totals(f, names), axis=0)  # [step, dp, stage]
     out = np.zeros_like(busy)
     for s in range(busy.shape[1]):
-        reference = int(np.argsort(busy[:, s], kind="stable")[(busy.shape[0] - 1) // 2])
-        diff = per_step[:, :, s] - per_step[:, reference, s][:, None]
-        out[:, s] = 1.4826 * np.median(np.abs(diff - np.median(diff, axis=0)), axis=0)
+        out[:, s] = jitter_against(per_step[:, :, s], lower_median_index(busy[:, s]))
     return out
-
-
-NOISE_MARGIN = 2.0  # a straggler's surplus is at least this many jitter sigmas
-
-
-def _unhealthy_gpus(f: Facts, w: tuple[int, int]) -> dict[str, Any]:
-    bad = {}
-    for rank in f.ranks_of(*w):
-        h = f.signals.gpu.get(rank)
-        if h is not None and unhealthy(h):
-            bad[str(rank)] = {
-                "throttled_fraction": num(h.throttled_fraction),
-                "sm_clock_ratio": None if h.sm_clock_ratio is None else num(h.sm_clock_ratio),
-                "ecc_uncorrected": h.ecc_uncorrected,
-                "xid_events": h.xid_events,
-            }
-    return bad

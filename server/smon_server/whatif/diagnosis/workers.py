@@ -23,7 +23,6 @@ from smon_server.whatif.diagnosis.base import (
     num,
 )
 from smon_server.whatif.diagnosis.stragglers import find_stragglers
-from smon_server.whatif.signals import unhealthy
 
 OUTLIER = 1.05  # 5% slower than the stage median: well above run-to-run noise of one kernel mix
 
@@ -60,7 +59,7 @@ def worker_causes(f: Facts) -> list[Diagnosis]:
     concentration = clip01(a.m_w)
     confidence = clip01(0.4 + 0.3 * concentration + 0.3 * persistence)
 
-    sick = [w for w in named if _health(f, w) is not None]
+    sick = [w for w in named if f.unhealthy_gpus(w)]
     well = [w for w in named if w not in sick]
     weight = {w: max(float(ratio[w]) - 1.0, 0.0) for w in named}
     total = sum(weight.values()) or 1.0
@@ -77,7 +76,7 @@ def worker_causes(f: Facts) -> list[Diagnosis]:
             "slowest_in_steps": num(persistence),
         }
         if cause == GPU_THROTTLING:
-            evidence["gpu"] = {str(r): h for w in group for r, h in (_health(f, w) or {}).items()}
+            evidence["gpu"] = {r: h for w in group for r, h in f.unhealthy_gpus(w).items()}
         group_share = share * sum(weight[w] for w in group) / total
         ranks = tuple(r for w in group for r in f.ranks_of(*w))
         out.append(
@@ -94,27 +93,12 @@ def worker_causes(f: Facts) -> list[Diagnosis]:
     return out
 
 
-def _health(f: Facts, worker: tuple[int, int]) -> dict[str, dict[str, Any]] | None:
-    """The unhealthy GPUs among a worker's ranks, or None when all look fine / are unknown."""
-    bad = {}
-    for rank in f.ranks_of(*worker):
-        h = f.signals.gpu.get(rank)
-        if h is not None and unhealthy(h):
-            bad[rank] = {
-                "throttled_fraction": num(h.throttled_fraction),
-                "sm_clock_ratio": None if h.sm_clock_ratio is None else num(h.sm_clock_ratio),
-                "ecc_uncorrected": h.ecc_uncorrected,
-                "xid_events": h.xid_events,
-            }
-    return {str(k): v for k, v in bad.items()} or None
-
-
 def _advice(f: Facts, cause: str, group: list[tuple[int, int]], ratio: np.ndarray, persistence: float) -> str:
     first = group[0]
     who = f.where(*first) + (f" and {len(group) - 1} more" if len(group) > 1 else "")
     slow = f"computes {ratio[first]:.2f}x slower than its stage peers"
     if cause == GPU_THROTTLING:
-        health = _health(f, first) or {}
+        health = f.unhealthy_gpus(first)
         h = next(iter(health.values()), {})
         parts = []
         if h.get("throttled_fraction", 0) >= 0.05:
