@@ -8,7 +8,9 @@ the rank doing the extra work is the only straggler, with its own cause.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from smon_server.whatif.config import WhatIfConfig
@@ -104,3 +106,71 @@ def test_every_rank_equally_slow_is_not_a_straggler() -> None:
     _, s, _, found = truth_and_summary(job)
     assert s == pytest.approx(1.0, abs=1e-6)
     assert found == []
+
+
+def _gaussian(sd: float, seed: int = 7) -> Callable[[int, int], float]:
+    """Independent per (rank, step) jitter, as a shared host gives: fixed by the seed."""
+    rng = np.random.default_rng(seed)
+    table = rng.normal(0.0, sd, size=(64, 1024))
+    return lambda r, s: float(max(table[r, s], -0.009))
+
+
+def test_ordinary_jitter_is_not_straggling() -> None:
+    """Every step waits for whichever rank drew the longer forward: against a jitter-free ideal
+    that alone reads as straggling; the healthy ideal keeps it, so S stays near 1."""
+    job = DdpJob(ranks=2, steps=80, jitter=_gaussian(0.004))
+    truth, s, out, found = truth_and_summary(job)
+    result = out["result"]
+    assert truth == 1.0
+    assert result.replay_slowdown > 1.04  # the max-of-jitter effect is there ...
+    assert result.noise_floor > 1.03
+    assert s < 1.02  # ... and is not counted as straggling
+    assert found == []
+    assert out["diagnoses"] == []
+    off = analyze(build_op_table(simulate(job)[0]), config=WhatIfConfig(estimator="robust", jitter_sigmas=0))
+    assert off.slowdown == pytest.approx(result.replay_slowdown, rel=1e-9)
+    assert off.noise_floor == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_straggler_among_jitter_matches_truth(ranks: int) -> None:
+    """The truth is the same jittery job without the straggler: S must not add the jitter. (The
+    straggler stands out by 12 ms against per-step differences of sd 4 ms: beyond the 2-sigma
+    noise gate, which a worker must pass to be left out of D* or named.)"""
+    job = DdpJob(
+        ranks=ranks,
+        steps=80,
+        jitter=_gaussian(0.003),
+        extra_forward=lambda r, s: 0.012 if r == 1 else 0.0,
+    )
+    truth, s, out, found = truth_and_summary(job)
+    assert truth > 1.1
+    assert s == pytest.approx(truth, rel=0.03)
+    assert out["result"].replay_slowdown > s  # the jitter-free frame overshoots
+    assert [(rank, cause) for rank, cause, _ in found] == [(1, "slow_worker")]
+
+
+def test_a_workers_bias_is_never_jitter() -> None:
+    """Rank 1 is 3 ms slower in every forward (under the 10% tolerance, so it stays in D*): its
+    bias over its peer is not ordinary jitter and still counts."""
+    job = DdpJob(
+        ranks=2, steps=80, jitter=_gaussian(0.001), extra_forward=lambda r, s: 0.003 if r == 1 else 0.0
+    )
+    truth, s, _, _ = truth_and_summary(job)
+    assert truth > 1.03
+    assert s == pytest.approx(truth, rel=0.02)
+
+
+def test_varying_sequence_lengths_get_no_allowance() -> None:
+    rows, _ = simulate(DdpJob(ranks=2, steps=30, jitter=_gaussian(0.004)))
+    table = build_op_table(rows)
+    varied = dataclasses.replace(
+        table, seq_sq=np.where(table.op_type == table.code("forward-compute"), 1.0 + table.step % 3, np.nan)
+    )
+    plain = analyze(table, config=ROBUST)
+    lengths = analyze(varied, config=ROBUST)
+    assert plain.noise_floor > 1.02
+    assert lengths.prepared is not None and lengths.prepared.durations.jitter is not None
+    forward = lengths.prepared.layout.slot_type == lengths.prepared.layout.op_types.index("forward-compute")
+    assert not lengths.prepared.durations.jitter.cap[forward].any()
+    assert lengths.slowdown > plain.slowdown

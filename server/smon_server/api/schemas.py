@@ -63,6 +63,10 @@ class SummaryOut(BaseModel):
     waste_fraction: float | None
     gpu_hours_wasted: float
     ideal_step_time: float | None = None
+    noise_floor: float | None = Field(
+        None,
+        description="healthy ideal / jitter-free ideal: what ordinary jitter alone costs; S is net of it",
+    )
     simulation_discrepancy: float | None
     discrepancy_flagged: bool = Field(False, description="replay misses the measured steps by > 5%")
     m_w: float | None

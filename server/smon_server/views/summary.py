@@ -41,6 +41,7 @@ def to_summary(
         "warmup_steps": warmup_steps,
         "estimator": result.config.estimator,
         "ideal_step_time": _f(result.ideal_step_time),
+        "noise_floor": _f(result.noise_floor),
         "slowdown": _f(result.slowdown),
         "waste_fraction": _f(result.waste_fraction),
         "gpu_hours_wasted": _f(result.gpu_hours_wasted),
@@ -81,17 +82,20 @@ def _straggler(result: WhatIfResult, s: Straggler, hosts: Mapping[int, str]) -> 
 
 
 def step_series(result: WhatIfResult) -> list[dict[str, Any]]:
-    """Per step: simulated step time T_s(D), the ideal T(D*), S_s, and the recorded step time."""
+    """Per step: simulated step time T_s(D), the step's ideal, S_s, and the recorded step time."""
+    ideal = result.step_ideal_time
+    if ideal is None:
+        ideal = np.full(result.step_time.shape, result.ideal_step_time)
     return [
         {
             "step": int(step),
             "step_time": _f(t),
-            "ideal_time": _f(result.ideal_step_time),
+            "ideal_time": _f(i),
             "slowdown": _f(s),
             "trace_step_time": _f(tt),
         }
-        for step, t, s, tt in zip(
-            result.steps, result.step_time, result.step_slowdown, result.trace_step_time, strict=True
+        for step, t, i, s, tt in zip(
+            result.steps, result.step_time, ideal, result.step_slowdown, result.trace_step_time, strict=True
         )
     ]
 

@@ -23,7 +23,7 @@ from smon_server.whatif.graph import StepGraph, build_graph
 from smon_server.whatif.layout import StepLayout, build_layout
 from smon_server.whatif.ops import OpTable
 from smon_server.whatif.replay import Program, compile_program, run
-from smon_server.whatif.sources import IdealSource, MaskedSource, ReplicaSource
+from smon_server.whatif.sources import IdealSource, JitterSource, MaskedSource, ReplicaSource
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,14 @@ def prepare(table: OpTable, config: WhatIfConfig | None = None) -> Prepared:
     dtype = np.dtype(np.float32 if single else np.float64)
     layout = build_layout(table, dtype)
     graph = build_graph(layout)
-    durations = measure(layout, graph, estimator=config.estimator, outlier_tolerance=config.outlier_tolerance)
+    durations = measure(
+        layout,
+        graph,
+        estimator=config.estimator,
+        outlier_tolerance=config.outlier_tolerance,
+        jitter_sigmas=config.jitter_sigmas,
+        length_driven=length_driven(table),
+    )
     threads = config.threads or min(4, os.cpu_count() or 1)
     return Prepared(
         layout=layout,
@@ -67,6 +74,33 @@ def ideal_step_time(prep: Prepared) -> float:
     """T(D*): one replica, one step, since D* is the same everywhere."""
     t = run(prep.program, IdealSource(prep.durations.ideal), (1, 1, 1), 2, np.float64)
     return float(t[0, 0])
+
+
+def healthy_step_times(prep: Prepared) -> np.ndarray | None:
+    """[n_steps] T_s of the healthy ideal (D* plus ordinary jitter), or None without an allowance."""
+    measured, ideal, jitter = prep.durations.measured, prep.durations.ideal, prep.durations.jitter
+    if jitter is None:
+        return None
+    n_steps, n_dp = measured.shape[1], measured.shape[2]
+
+    def job(v0: int, v1: int, s0: int, s1: int) -> Callable[[], np.ndarray]:
+        source = JitterSource(measured[:, s0:s1], ideal, jitter)
+        return lambda: run(prep.program, source, (1, s1 - s0, n_dp), 2, prep.dtype)
+
+    return _batched(prep, 1, n_steps, n_dp, job)[0]
+
+
+def length_driven(table: OpTable) -> frozenset[str]:
+    """Op types whose recorded sequence lengths (Σ len²) vary within the window."""
+    if table.seq_sq.shape[0] != len(table):
+        return frozenset()
+    known = ~np.isnan(table.seq_sq)
+    found = set()
+    for code in np.unique(table.op_type[known]):
+        values = table.seq_sq[known & (table.op_type == code)]
+        if values.size and float(values.max()) > float(values.min()):
+            found.add(table.op_types[int(code)])
+    return frozenset(found)
 
 
 def replay_restored(prep: Prepared, restore: np.ndarray) -> np.ndarray:

@@ -23,3 +23,5 @@ class WhatIfConfig:
     # same mean over the workers that do not stand out from their stage peers (durations.py).
     estimator: Estimator = "paper"
     outlier_tolerance: float = 0.10  # robust: a worker this much above its peers' typical time is out
+    # robust: the healthy ideal keeps each instance's jitter up to this many robust sigmas (0: off)
+    jitter_sigmas: float = 3.0

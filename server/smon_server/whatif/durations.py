@@ -21,6 +21,19 @@ out is named by the communication rule (its transfers against its stage's median
 instances (a `gc` op on steps without a collection) count as zero-cost compute instances, so D* of
 an occasional phase is its average cost per step; absent communication instances are left out of
 the median. One D* per op type makes the ideal step identical on every step and DP replica.
+
+Ordinary jitter (robust estimator only). A job without stragglers still jitters: every step waits
+for whichever rank happened to be slowest, so a jitter-free ideal makes even a healthy job look
+straggling (2 ranks on a shared CPU: S 1.07-1.12 from jitter alone), and overstates what removing
+a straggler would buy, since the same job without it still jitters. So the robust estimator also
+returns a *jitter allowance*: per instance, its deviation from its worker's own mean in that slot,
+clipped to +-`jitter_sigmas` robust sigmas of those deviations over the stage's kept workers. The
+healthy ideal is D* plus that allowance (sources.JitterSource): a worker's bias over its peers is
+never in it, nor is anything beyond the envelope (a GC pause, an evaluation step, a long batch).
+A left-out worker keeps its jitter too, within its peers' envelope: the same job without the
+straggler still has a rank there, jittering like the others. Op types whose recorded sequence
+lengths vary get no allowance: there the variation is sequence imbalance, which balancing
+removes, not noise.
 """
 
 from __future__ import annotations
@@ -42,10 +55,20 @@ class Durations:
     trace_step_time: np.ndarray  # [n_steps]: latest end - earliest start, as recorded
     # robust estimator: per op type, the workers (dp index, stage index) left out of its D*
     left_out: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    jitter: Jitter | None = None  # robust estimator: the healthy-jitter allowance
+
+
+@dataclass(frozen=True)
+class Jitter:
+    """Per slot and DP replica: an instance of duration d keeps clip(d - mean, -cap, cap)."""
+
+    mean: np.ndarray  # [n_slots, n_dp] each worker's mean in the slot over the window
+    cap: np.ndarray  # [n_slots] jitter_sigmas x robust sigma of the kept workers' deviations
 
 
 # Below this a per-worker difference in an op type's time is noise whatever its ratio (seconds).
 ABSOLUTE_TOLERANCE = 50e-6
+SIGMA_SAMPLE = 1 << 20
 
 
 def measure(
@@ -55,6 +78,8 @@ def measure(
     release_start: bool = True,
     estimator: str = "paper",
     outlier_tolerance: float = 0.10,
+    jitter_sigmas: float = 3.0,
+    length_driven: frozenset[str] = frozenset(),
 ) -> Durations:
     """Transfer times, trace step times and D*. With `release_start` the layout's start array is
     dropped afterwards (the replay never needs it; on large jobs it is a third of the memory)."""
@@ -109,6 +134,9 @@ def measure(
             value = float(values.mean(dtype=np.float64))
         ideal_by_type[name] = value
         ideal[slots] = value
+    jitter = None
+    if estimator == "robust" and jitter_sigmas > 0:
+        jitter = _jitter(layout, measured, left_out, jitter_sigmas, length_driven)
     if release_start:
         layout.start = np.empty((0, 0, 0))
         layout.present = np.empty((0, 0, 0), dtype=bool)
@@ -118,7 +146,36 @@ def measure(
         ideal_by_type=ideal_by_type,
         trace_step_time=trace_step_time,
         left_out=left_out,
+        jitter=jitter,
     )
+
+
+def _jitter(
+    layout: StepLayout,
+    measured: np.ndarray,
+    left_out: dict[str, list[tuple[int, int]]],
+    sigmas: float,
+    length_driven: frozenset[str],
+) -> Jitter:
+    mean = measured.mean(axis=1, dtype=np.float64)  # [slot, dp]
+    kept = np.ones(mean.shape, dtype=bool)  # the envelope is the kept workers' jitter
+    for name, workers in left_out.items():
+        code = layout.op_types.index(name)
+        for d, stage in workers:
+            kept[(layout.slot_type == code) & (layout.slot_stage == stage), d] = False
+    cap = np.zeros(layout.n_slots)
+    for code in np.unique(layout.slot_type):
+        if layout.op_types[int(code)] in length_driven:
+            continue
+        for stage in np.unique(layout.slot_stage):
+            slots = np.flatnonzero((layout.slot_type == code) & (layout.slot_stage == stage))
+            cols = kept[slots].all(axis=0)
+            if not slots.size or not cols.any():
+                continue
+            deviation = (measured[slots][:, :, cols] - mean[slots][:, None, cols]).ravel()
+            stride = max(1, deviation.size // SIGMA_SAMPLE)  # a sigma needs no 40M-element median
+            cap[slots] = sigmas * float(robust_sigma(deviation[::stride]))
+    return Jitter(mean=mean.astype(measured.dtype), cap=cap)
 
 
 def _robust_mean(

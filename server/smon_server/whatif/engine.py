@@ -2,8 +2,10 @@
 
 `analyze(table)` lays the table out, builds the step graph, splits transfer from waiting, derives
 D*, and replays the graph for T(D) and T(D*); when S >= 1.03 it also runs every attribution
-variant (attribution.py). All replays share one compiled program and run as a few large batches
-(batches.py).
+variant (attribution.py). Under the robust estimator the headline ideal is the *healthy* one, D*
+plus each instance's ordinary jitter (durations.py), so S is what removing the stragglers would
+buy; attribution stays relative to the jitter-free T(D*) (`jitter_free_step_time`). All
+replays share one compiled program and run as a few large batches (batches.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ import math
 import numpy as np
 
 from smon_server.whatif.attribution import attribute
-from smon_server.whatif.batches import Prepared, ideal_step_time, prepare, replay_restored
+from smon_server.whatif.batches import (
+    Prepared,
+    healthy_step_times,
+    ideal_step_time,
+    prepare,
+    replay_restored,
+)
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.ops import OpTable
 from smon_server.whatif.result import Attribution, Decomposition, WhatIfResult
@@ -44,10 +52,13 @@ def analyze(
 
         table, offsets = align_clocks(table)
     prep = prepare(table, config)
-    ideal = ideal_step_time(prep)
+    ideal = ideal_step_time(prep)  # T(D*): attribution's reference
     step_time = replay_restored(prep, np.ones((1, prep.shape[0], prep.shape[2]), dtype=bool))[0]
+    healthy = healthy_step_times(prep)  # robust: the ideal keeps ordinary jitter
+    step_ideal = np.full_like(step_time, ideal) if healthy is None else healthy
+    headline_ideal = float(step_ideal.mean())
     mean_time = float(step_time.mean())
-    slowdown = _ratio(mean_time, ideal)
+    slowdown = _ratio(mean_time, headline_ideal)
     trace = prep.durations.trace_step_time
     discrepancy = _ratio(float(trace.mean()), mean_time)
     waste = 1.0 - 1.0 / slowdown if slowdown > 0 else 0.0
@@ -65,9 +76,9 @@ def analyze(
         worker_rank=layout.ranks,
         trace_step_time=trace,
         step_time=step_time,
-        ideal_step_time=ideal,
+        ideal_step_time=headline_ideal,
         slowdown=slowdown,
-        step_slowdown=step_time / ideal if ideal > 0 else np.ones_like(step_time),
+        step_slowdown=np.divide(step_time, step_ideal, out=np.ones_like(step_time), where=step_ideal > 0),
         discrepancy=discrepancy,
         step_discrepancy=np.divide(trace, step_time, out=np.ones_like(trace), where=step_time > 0),
         discrepancy_flagged=abs(discrepancy - 1.0) > config.discrepancy_flag,
@@ -79,6 +90,8 @@ def analyze(
         attribution=attribution,
         clock_offsets=offsets,
         prepared=prep,
+        step_ideal_time=step_ideal,
+        jitter_free_step_time=ideal,
     )
 
 

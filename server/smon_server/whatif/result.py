@@ -68,7 +68,7 @@ class WhatIfResult:
     worker_rank: np.ndarray  # [n_dp, n_stages] global rank of each worker, -1 unknown
     trace_step_time: np.ndarray  # [n_steps] recorded: latest end - earliest start
     step_time: np.ndarray  # [n_steps] T_s(D): replayed with measured durations, no launch delay
-    ideal_step_time: float  # T(D*): the same on every step
+    ideal_step_time: float  # mean ideal step: T(D*), or under the robust estimator the healthy ideal
     slowdown: float  # S
     step_slowdown: np.ndarray  # [n_steps] S_s
     discrepancy: float  # mean T_trace / mean T(D)
@@ -82,6 +82,20 @@ class WhatIfResult:
     attribution: Attribution | None = None  # None when S < threshold
     clock_offsets: dict[tuple[int, int], float] | None = None  # with config.align_clocks
     prepared: Prepared | None = field(default=None, repr=False)  # for diagnosis drill-down
+    step_ideal_time: np.ndarray | None = None  # [n_steps] the ideal of each step
+    jitter_free_step_time: float | None = None  # T(D*), attribution's reference
+
+    @property
+    def noise_floor(self) -> float:
+        """Healthy ideal over the jitter-free one: what ordinary jitter alone costs (1 = none)."""
+        free = self.jitter_free_step_time
+        return self.ideal_step_time / free if free else 1.0
+
+    @property
+    def replay_slowdown(self) -> float:
+        """T(D) / T(D*): S in attribution's frame, where the S_X and S_w live."""
+        free = self.jitter_free_step_time or self.ideal_step_time
+        return float(self.step_time.mean()) / free if free > 0 else 1.0
 
     @property
     def straggling(self) -> bool:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from smon_server.whatif.durations import Jitter
+
 
 class IdealSource:
     """D* everywhere: one scalar per slot (the same on every step and replica)."""
@@ -71,3 +73,21 @@ class ReplicaSource:
     def add(self, slot: int, start: np.ndarray, out: np.ndarray) -> None:
         np.add(start[..., 0], self.measured[slot].T, out=out[..., 0])
         np.add(start[..., -1], self.ideal[slot], out=out[..., 1])
+
+
+class JitterSource:
+    """The healthy ideal: D* plus each instance's ordinary jitter (durations.Jitter), batch shape
+    [1, step, dp]; `measured` is the batch's step range."""
+
+    def __init__(self, measured: np.ndarray, ideal: np.ndarray, jitter: Jitter) -> None:
+        self.measured = measured
+        self.ideal = ideal.astype(measured.dtype)
+        self.jitter = jitter
+
+    def add(self, slot: int, start: np.ndarray, out: np.ndarray) -> None:
+        j = self.jitter
+        deviation = self.measured[slot] - j.mean[slot]
+        np.clip(deviation, -j.cap[slot], j.cap[slot], out=deviation)
+        deviation += self.ideal[slot]
+        np.maximum(deviation, 0.0, out=deviation)
+        np.add(start, deviation, out=out)

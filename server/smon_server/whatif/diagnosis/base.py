@@ -95,7 +95,8 @@ class Facts:
 
     @property
     def excess(self) -> float:
-        return self.result.slowdown - 1.0
+        """S - 1 in attribution's frame (against the jitter-free ideal), which shares divide."""
+        return self.result.replay_slowdown - 1.0
 
     @cached_property
     def shares(self) -> dict[str, float]:

@@ -42,7 +42,7 @@ def diagnose(
     found = hang(signals)
     if table is not None and result is not None:
         facts = Facts(table=table, result=result, signals=signals, config=config)
-        found += [d for rule in RULES for d in rule(facts) if _material(d, facts.excess, config)]
+        found += [d for rule in RULES for d in rule(facts) if _material(d, result.slowdown - 1.0, config)]
     if result is not None and result.discrepancy_flagged:
         found = [_flagged(d, result.discrepancy) if d.cause != HANG else d for d in found]
     # A hang stops everything (share 1): it leads even against a full-share straggler cause.
