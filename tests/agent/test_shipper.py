@@ -150,8 +150,10 @@ def test_last_batch_is_marked_final(ingest, attach_fast):
 def test_close_with_nothing_to_send_and_no_server_is_immediate(attach_fast):
     mon = attach_fast(server=f"127.0.0.1:{unused_port()}")
     started = time.monotonic()
-    mon.close(timeout=3)
-    assert time.monotonic() - started < 0.5
+    mon.close(timeout=10)
+    # It must not wait out its timeout for a server that is not there; the margin is wide
+    # because a busy 2-core machine can stall any thread for a second.
+    assert time.monotonic() - started < 5
 
 
 def test_token_sent_as_bearer_metadata(attach_fast, monkeypatch):

@@ -175,7 +175,8 @@ def test_live_glue() -> None:
     assert len(live.steps) == 10 and live.workers["values"][5][1] == pytest.approx(
         s["stragglers"][0]["slowdown"]
     )
-    assert live.rank_slowdown["ranks"] == sorted(live.rank_slowdown["ranks"])
+    ranks = live.rank_slowdown.ranks.tolist()
+    assert ranks == sorted(ranks) and live.rank_slowdown.values.shape == (len(ranks), 10)
 
 
 def test_cause_must_be_worth_a_few_percent_of_the_step() -> None:

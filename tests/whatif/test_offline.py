@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -100,4 +101,5 @@ def test_views_without_attribution() -> None:
     assert worker_grid(r)["values"] == [[None], [None]]
     assert [p["step"] for p in step_series(r)] == [0, 1, 2]
     heat = rank_heatmap(r, {(0, 0): [0, 1], (1, 0): [2, 3]})
-    assert heat["ranks"] == [0, 1, 2, 3] and heat["values"][0] == [None, None, None]
+    assert heat.ranks.tolist() == [0, 1, 2, 3] and np.isnan(heat.values[0]).all()
+    assert heat.values.shape == (4, 3)

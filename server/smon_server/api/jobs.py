@@ -6,6 +6,7 @@ import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
+import numpy as np
 from fastapi import APIRouter, HTTPException, Query
 
 from smon_server.api.deps import ApiTokenDep, ContextDep, DbDep, SettingsDep, WindowDep
@@ -23,12 +24,15 @@ from smon_server.api.schemas import (
 )
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import loop
-from smon_server.jobs.liveness import job_liveness
-from smon_server.store import queries
+from smon_server.jobs.liveness import JobState, job_state
+from smon_server.store import grids, queries
 from smon_server.store.models import Job
 from smon_server.store.queries import StepWindow
+from smon_server.views import heatmap as heatmaps
+from smon_server.whatif.config import WhatIfConfig
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
+STRAGGLING = WhatIfConfig().straggling_threshold
 
 
 def _ts(seconds: float) -> datetime:
@@ -43,29 +47,47 @@ def _job_or_404(db: DbDep, job_id: str) -> Job:
 
 
 @router.get("/jobs", response_model=JobsOut)
-def list_jobs(db: DbDep, context: ContextDep, _auth: ApiTokenDep) -> JobsOut:
+def list_jobs(
+    db: DbDep,
+    context: ContextDep,
+    _auth: ApiTokenDep,
+    state: Annotated[JobState | None, Query(description="only jobs in this state")] = None,
+    straggling: Annotated[bool | None, Query(description="only jobs with S >= 1.1 (or below)")] = None,
+    q: Annotated[str | None, Query(max_length=256, description="job id contains this")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JobsOut:
+    """Newest first. Reads scalar columns only: no job's analysis is decoded for the list."""
     now = time.time()
+    stall = context.settings.stall_seconds
+    facts = queries.liveness_facts(session=db)
     results = queries.results_by_job(session=db)
-    agents = queries.agents_by_job(session=db)
-    out = []
-    for job in queries.list_jobs(session=db):
-        liveness = job_liveness(
-            job, agents.get(job.job_id, []), now=now, stall_seconds=context.settings.stall_seconds
-        )
+    rows = []
+    for job in queries.list_jobs(session=db, contains=q):
+        all_final, heard = facts.get(job.job_id, (False, None))
+        live = job_state(job, all_final=all_final, last_heard=heard, now=now, stall_seconds=stall)
         result = results.get(job.job_id)
-        state = liveness.state.value
-        if result is not None and result.result.get("state") != state:
+        if state is not None and live is not state:
+            continue
+        if straggling is not None:
+            s = result.slowdown if result is not None else None
+            if (s is not None and s >= STRAGGLING) is not straggling:
+                continue
+        rows.append((job, live, result))
+    page = rows[offset : offset + limit]
+    out = []
+    for job, live, result in page:
+        if result is not None and result.state != live.value:
             # Finished or stalled since its last analysis: analyse it now, so the state is never
-            # shown next to numbers of another one.
-            # (or another replica / the loop did it while we waited for the lease: re-read anyway)
+            # shown next to numbers of another one (or another replica / the loop did it while
+            # we waited for the lease: re-read anyway).
             loop.analyse_one(context, job.job_id, now, state_change_only=True)
             db.rollback()  # end the read snapshot: see the result just stored
-            result = queries.get_result(session=db, job_id=job.job_id)
-            state = result.result.get("state", state) if result is not None else state
+            result = queries.results_by_job(session=db, job_ids=[job.job_id]).get(job.job_id)
         out.append(
             JobOut(
                 job_id=job.job_id,
-                state=state,
+                state=result.state if result is not None and result.state else live.value,
                 world_size=job.world_size,
                 last_step=job.last_step,
                 slowdown=result.slowdown if result else None,
@@ -73,22 +95,31 @@ def list_jobs(db: DbDep, context: ContextDep, _auth: ApiTokenDep) -> JobsOut:
                 gpu_hours_wasted=job.gpu_hours_wasted,
                 first_seen=_ts(job.first_seen),
                 last_seen=_ts(job.last_seen),
+                stragglers=result.stragglers if result else 0,
+                worst_rank=result.worst_rank if result else None,
+                leading_cause=(result.leading_cause or None) if result else None,
+                computed_at=_ts(result.computed_at) if result else None,
             )
         )
-    return JobsOut(jobs=out)
+    return JobsOut(jobs=out, total=len(rows), limit=limit, offset=offset)
 
 
-def _analysis(db: DbDep, context: ContextDep, job: Job, window: StepWindow) -> dict[str, Any]:
-    """The stored analysis (brought up to date first if the job changed state since), or a fresh
-    one when the caller asks for another window. Its `state` is the one it was computed in."""
+def _analysis(db: DbDep, context: ContextDep, job: Job, window: StepWindow, *parts: str) -> dict[str, Any]:
+    """The stored analysis's `parts` (brought up to date first if the job changed state since), or
+    a fresh analysis when the caller asks for another window. `state` is the one it was computed
+    in. Only the columns asked for are read: a summary never loads the heatmap."""
     now = time.time()
     if window.is_default:
         loop.analyse_one(context, job.job_id, now, state_change_only=True)
         db.rollback()  # end the read snapshot: see the result just stored
-        stored = queries.get_result(session=db, job_id=job.job_id)
+        stored = queries.result_parts(session=db, job_id=job.job_id, parts=parts)
         if stored is not None:
-            return stored.result
-    return job_analysis.analyze_job(session=db, job=job, settings=context.settings, now=now, window=window)
+            if "heatmap" in stored:
+                stored["heatmap"] = grids.unpack(stored["heatmap"])
+            return stored
+    fresh = job_analysis.analyze_job(session=db, job=job, settings=context.settings, now=now, window=window)
+    fresh["heatmap"] = fresh["rank_slowdown"]
+    return fresh
 
 
 @router.get("/jobs/{job_id}/summary", response_model=SummaryOut)
@@ -101,8 +132,8 @@ def summary(
     window: WindowDep,
 ) -> SummaryOut:
     job = _job_or_404(db, job_id)
-    result = _analysis(db, context, job, window)
-    body = dict(result["summary"])
+    result = _analysis(db, context, job, window, "summary")
+    body = dict(result["summary"] or {})
     body.update(
         job_id=job.job_id,
         state=result["state"],
@@ -124,8 +155,8 @@ def steps(
     window: WindowDep,
 ) -> StepsOut:
     job = _job_or_404(db, job_id)
-    result = _analysis(db, context, job, window)
-    return StepsOut(job_id=job_id, steps=[StepOut(**s) for s in result["steps"]])
+    result = _analysis(db, context, job, window, "steps")
+    return StepsOut(job_id=job_id, steps=[StepOut(**s) for s in result["steps"] or []])
 
 
 @router.get("/jobs/{job_id}/heatmap", response_model=HeatmapOut)
@@ -137,10 +168,14 @@ def heatmap(
     _auth: ApiTokenDep,
     window: WindowDep,
     metric: Annotated[str, Query(description="slowdown, step_time, or a phase name")] = "slowdown",
+    from_rank: Annotated[int | None, Query(ge=0, description="zoom: first rank")] = None,
+    to_rank: Annotated[int | None, Query(ge=0, description="zoom: last rank")] = None,
+    max_ranks: Annotated[int, Query(ge=1, le=8192, description="rows at most (max over each bin)")] = 512,
+    max_steps: Annotated[int, Query(ge=1, le=8192, description="columns at most")] = 512,
 ) -> HeatmapOut:
     job = _job_or_404(db, job_id)
     if metric == "slowdown":
-        grid = _analysis(db, context, job, window)["rank_slowdown"]
+        grid = _analysis(db, context, job, window, "heatmap")["heatmap"]
     else:
         grid = job_analysis.phase_heatmap(
             session=db,
@@ -149,7 +184,12 @@ def heatmap(
             window=window,
             default_last=settings.analysis_window_steps,
         )
-    return HeatmapOut(job_id=job_id, metric=metric, **grid)
+    grid = heatmaps.select(
+        grid, from_rank=from_rank, to_rank=to_rank, from_step=window.from_step, to_step=window.to_step
+    )
+    return HeatmapOut(
+        job_id=job_id, metric=metric, **heatmaps.downsample(grid, max_ranks=max_ranks, max_steps=max_steps)
+    )
 
 
 @router.get("/jobs/{job_id}/workers", response_model=WorkersOut)
@@ -162,8 +202,8 @@ def workers(
     window: WindowDep,
 ) -> WorkersOut:
     job = _job_or_404(db, job_id)
-    result = _analysis(db, context, job, window)
-    return WorkersOut(job_id=job_id, **result["workers"])
+    result = _analysis(db, context, job, window, "workers")
+    return WorkersOut(job_id=job_id, **(result["workers"] or {"dp_ranks": [], "stages": [], "values": []}))
 
 
 @router.get("/jobs/{job_id}/workers/{rank}", response_model=WorkerOut)
@@ -180,12 +220,13 @@ def worker(
     agent = next((a for a in queries.job_agents(session=db, job_id=job_id) if a.rank == rank), None)
     if agent is None:
         raise HTTPException(status_code=404, detail=f"job {job_id!r} has no rank {rank}")
-    result = _analysis(db, context, job, window)
-    grid = result["rank_slowdown"]
+    result = _analysis(db, context, job, window, "heatmap", "rank_overall")
+    grid = result["heatmap"]
     per_step: dict[int, float | None] = {}
-    if rank in grid["ranks"]:
-        row = grid["values"][grid["ranks"].index(rank)]
-        per_step = dict(zip(grid["steps"], row, strict=True))
+    found = np.flatnonzero(grid.ranks == rank)
+    if found.size:
+        row = grid.values[int(found[0])]
+        per_step = {int(s): (None if np.isnan(v) else float(v)) for s, v in zip(grid.steps, row, strict=True)}
     lo, hi = queries.resolve_window(
         session=db, job_id=job_id, window=window, default_last=settings.analysis_window_steps
     )
@@ -210,7 +251,7 @@ def worker(
         stage=agent.pp_rank,
         tp_rank=agent.tp_rank,
         gpu_uuid=agent.gpu_uuid,
-        slowdown=result.get("rank_overall", {}).get(str(rank)),
+        slowdown=(result.get("rank_overall") or {}).get(str(rank)),
         last_heartbeat=heartbeat,
         steps=[
             WorkerStepOut(

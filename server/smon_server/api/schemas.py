@@ -18,10 +18,17 @@ class JobOut(BaseModel):
     gpu_hours_wasted: float
     first_seen: datetime
     last_seen: datetime
+    stragglers: int = Field(0, description="workers named stragglers by the latest analysis")
+    worst_rank: int | None = Field(None, description="rank of the worst straggler")
+    leading_cause: str | None = Field(None, description="cause of the leading diagnosis")
+    computed_at: datetime | None = Field(None, description="when the latest analysis ran")
 
 
 class JobsOut(BaseModel):
     jobs: list[JobOut]
+    total: int = Field(description="jobs matching the filters (the page holds at most `limit`)")
+    limit: int
+    offset: int
 
 
 class Straggler(BaseModel):
@@ -95,6 +102,9 @@ class HeatmapOut(BaseModel):
     ranks: list[int]
     steps: list[int]
     values: list[list[float | None]] = Field(description="values[i][j] for ranks[i], steps[j]")
+    downsampled: bool = Field(False, description="cells are maxima over bins of ranks / steps")
+    rank_ranges: list[list[int]] | None = Field(None, description="[first, last] rank of each row's bin")
+    step_ranges: list[list[int]] | None = Field(None, description="[first, last] step of each column's bin")
 
 
 class WorkersOut(BaseModel):

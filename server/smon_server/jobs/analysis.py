@@ -1,8 +1,9 @@
 """Analyse one live job: stored step records → op table → what-if engine → diagnosis → result.
 
-The result is one JSON-able dict, stored per job and served by the API as is:
-`summary` (DESIGN §6 summary fields), `steps` (per-step series), `workers` (DP × stage grid of
-S_w), `rank_slowdown` (rank × step heatmap of S_w), `rank_overall` (S_w per rank), `state`.
+The result is a dict of the API's views: `summary` (DESIGN §6 summary fields), `steps` (per-step
+series), `workers` (DP × stage grid of S_w), `rank_slowdown` (rank × step heatmap of S_w, a
+store.grids.Grid), `rank_overall` (S_w per rank), `state`. `store_result` puts each view in a
+column of its own, so the API reads only what it serves.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from smon_server.jobs import live
 from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness
 from smon_server.settings import Settings
-from smon_server.store import queries
+from smon_server.store import grids, queries
+from smon_server.store.grids import Grid
 from smon_server.store.models import Agent, AnalysisResult, Job
 from smon_server.store.queries import StepWindow
 from smon_server.whatif.config import WhatIfConfig
@@ -45,7 +47,7 @@ def needs_refresh(
         now=now,
         stall_seconds=settings.stall_seconds,
     )
-    if liveness.state.value != previous.result.get("state"):
+    if liveness.state.value != previous.state:
         return True
     return liveness.state is JobState.STALLED and not state_change_only
 
@@ -128,6 +130,30 @@ def analyze_job(
     }
 
 
+def store_result(row: AnalysisResult, result: dict[str, Any]) -> None:
+    """Fill the stored row: the scalars lists read, and each API view in a column of its own."""
+    summary = result["summary"]
+    stragglers = summary.get("stragglers") or []
+    diagnoses = summary.get("diagnoses") or []
+    row.computed_at = result["computed_at"]
+    row.state = result["state"]
+    row.from_step = summary.get("from_step")
+    row.to_step = summary.get("to_step")
+    row.steps_seen = summary.get("steps_seen", 0)
+    row.slowdown = summary.get("slowdown")
+    row.waste_fraction = summary.get("waste_fraction")
+    row.window_start = result.get("window_start")
+    row.window_end = result.get("window_end")
+    row.stragglers = len(stragglers)
+    row.worst_rank = stragglers[0]["rank"] if stragglers else None
+    row.leading_cause = str(diagnoses[0]["cause"])[:32] if diagnoses else ""
+    row.summary = summary
+    row.steps = result["steps"]
+    row.workers = result["workers"]
+    row.rank_overall = result["rank_overall"]
+    row.heatmap = grids.pack(result["rank_slowdown"])
+
+
 def warmup_ranges(starts: Sequence[int], warmup_steps: int) -> list[tuple[int, int]]:
     """[first, first + warmup) for every start or restart of the job's agents."""
     return [(s, s + warmup_steps) for s in starts] if warmup_steps > 0 else []
@@ -154,22 +180,20 @@ def phase_heatmap(
     metric: str,
     window: StepWindow,
     default_last: int,
-) -> dict[str, Any]:
+) -> Grid:
     """Rank × step grid of one phase's seconds (or `step_time`) straight from the records."""
     lo, hi = queries.resolve_window(
         session=session, job_id=job.job_id, window=window, default_last=default_last
     )
     rows = queries.step_rows(session=session, job_id=job.job_id, from_step=lo, to_step=hi)
-    ranks = sorted({r.rank for r in rows})
-    steps = sorted({r.step for r in rows})
-    r_index = {r: i for i, r in enumerate(ranks)}
-    s_index = {s: j for j, s in enumerate(steps)}
-    values: list[list[float | None]] = [[None] * len(steps) for _ in ranks]
+    ranks = np.array(sorted({r.rank for r in rows}), dtype=np.int64)
+    steps = np.array(sorted({r.step for r in rows}), dtype=np.int64)
+    values = np.full((ranks.size, steps.size), np.nan, dtype=np.float32)
     for r in rows:
         value = r.duration if metric == "step_time" else r.phases.get(metric)
         if value is not None:
-            values[r_index[r.rank]][s_index[r.step]] = float(value)
-    return {"ranks": ranks, "steps": steps, "values": values}
+            values[np.searchsorted(ranks, r.rank), np.searchsorted(steps, r.step)] = float(value)
+    return Grid(ranks, steps, values)
 
 
 def _hang_state(liveness: Liveness, stall_seconds: float) -> HangState | None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from smon_server.store.grids import Grid
 from smon_server.views.summary import rank_heatmap, step_series, to_summary, worker_grid
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.diagnosis import Diagnosis, diagnose, stragglers
@@ -25,7 +26,7 @@ class LiveAnalysis:
     summary: dict[str, Any]  # DESIGN §6 summary fields
     steps: list[dict[str, Any]] = field(default_factory=list)  # /steps series
     workers: dict[str, Any] = field(default_factory=dict)  # /workers: DP x stage grid of S_w
-    rank_slowdown: dict[str, Any] = field(default_factory=dict)  # rank x step heatmap of S_w
+    rank_slowdown: Grid = field(default_factory=Grid.empty)  # rank x step heatmap of S_w
     rank_overall: dict[int, float] = field(default_factory=dict)  # S_w per rank
     result: WhatIfResult | None = None
     diagnoses: list[Diagnosis] = field(default_factory=list)

@@ -34,12 +34,28 @@ def job_liveness(job: Job, agents: Sequence[Agent], *, now: float, stall_seconds
         RankPosition(rank=a.rank, step=a.hb_current_step, phase=a.hb_phase, host=a.host)
         for a in sorted(agents, key=lambda a: a.rank)
     )
-    if agents and all(a.final for a in agents):
-        return Liveness(JobState.FINISHED, since_step, positions)
-    last_heard = max((a.last_seen for a in agents), default=job.last_seen)
-    if now - last_heard > stall_seconds:
+    state = job_state(
+        job,
+        all_final=bool(agents) and all(a.final for a in agents),
+        last_heard=max((a.last_seen for a in agents), default=None),
+        now=now,
+        stall_seconds=stall_seconds,
+    )
+    return Liveness(state, since_step, positions)
+
+
+def job_state(
+    job: Job, *, all_final: bool, last_heard: float | None, now: float, stall_seconds: float
+) -> JobState:
+    """The state from two facts about the job's newest agent per rank (queries.liveness_facts
+    computes them in SQL for a whole page of jobs): have they all said goodbye, and when was
+    any of them last heard from."""
+    since_step = now - (job.last_step_seen if job.last_step_seen is not None else job.first_seen)
+    if all_final:
+        return JobState.FINISHED
+    if now - (last_heard if last_heard is not None else job.last_seen) > stall_seconds:
         # Nothing heard at all, not even heartbeats: the processes are gone.
-        return Liveness(JobState.FINISHED, since_step, positions)
+        return JobState.FINISHED
     if since_step > stall_seconds:
-        return Liveness(JobState.STALLED, since_step, positions)
-    return Liveness(JobState.RUNNING, since_step, positions)
+        return JobState.STALLED
+    return JobState.RUNNING

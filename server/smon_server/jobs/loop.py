@@ -101,14 +101,7 @@ def analyse_one(context: ServerContext, job_id: str, now: float, *, state_change
             return False
         result = job_analysis.analyze_job(session=session, job=job, settings=settings, now=now)
         waste.accumulate_waste(job=job, result=result)
-        summary = result["summary"]
         row = previous or AnalysisResult(job_id=job_id)
-        row.computed_at = now
-        row.from_step = summary.get("from_step")
-        row.to_step = summary.get("to_step")
-        row.steps_seen = summary.get("steps_seen", 0)
-        row.slowdown = summary.get("slowdown")
-        row.waste_fraction = summary.get("waste_fraction")
-        row.result = result
+        job_analysis.store_result(row, result)
         session.add(row)
     return True

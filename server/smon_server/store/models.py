@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Double, Index, Integer, String
+from sqlalchemy import JSON, BigInteger, Boolean, Double, Index, Integer, LargeBinary, String
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -141,16 +141,31 @@ class GpuSample(Base):
 
 
 class AnalysisResult(Base):
-    """The latest analysis of a job's recent window; API, metrics and alerts read these numbers."""
+    """The latest analysis of a job's recent window, stored in the shapes the API serves.
+
+    The scalar columns are what lists, metrics and alerts read (no JSON to decode for a few
+    numbers); each API view has a column of its own, loaded only when asked for (`deferred`): the
+    summary, the per-step series, the S_w grid, S_w per rank, and the rank × step heatmap as
+    compact float32 bytes (store/grids.py)."""
 
     __tablename__ = "analysis_results"
 
     job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
     computed_at: Mapped[float] = mapped_column(Double)
+    # The job's state when this was computed: the state served next to these numbers.
+    state: Mapped[str] = mapped_column(String(16), default="")
     from_step: Mapped[int | None] = mapped_column(BigInteger)
     to_step: Mapped[int | None] = mapped_column(BigInteger)
     steps_seen: Mapped[int] = mapped_column(Integer, default=0)
     slowdown: Mapped[float | None] = mapped_column(Double)
     waste_fraction: Mapped[float | None] = mapped_column(Double)
-    # summary (DESIGN §6 shape), per-step series, worker grid, rank × step slowdown.
-    result: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    window_start: Mapped[float | None] = mapped_column(Double)
+    window_end: Mapped[float | None] = mapped_column(Double)
+    stragglers: Mapped[int] = mapped_column(Integer, default=0)
+    worst_rank: Mapped[int | None] = mapped_column(Integer)  # the first straggler's rank
+    leading_cause: Mapped[str] = mapped_column(String(32), default="")
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JsonType, deferred=True)
+    steps: Mapped[list[Any] | None] = mapped_column(JsonType, deferred=True)
+    workers: Mapped[dict[str, Any] | None] = mapped_column(JsonType, deferred=True)
+    rank_overall: Mapped[dict[str, Any] | None] = mapped_column(JsonType, deferred=True)
+    heatmap: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import Select, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Select, case, exists, func, select
+from sqlalchemy.orm import Session, aliased
 
 from smon_server.store.models import Agent, AnalysisResult, GpuSample, Job, StepRecord
 from smon_server.store.rows import StepRow
 
 
-def list_jobs(*, session: Session) -> Sequence[Job]:
-    return session.scalars(select(Job).order_by(Job.last_seen.desc())).all()
+def list_jobs(*, session: Session, contains: str | None = None) -> Sequence[Job]:
+    stmt = select(Job)
+    if contains:
+        stmt = stmt.where(Job.job_id.contains(contains, autoescape=True))
+    return session.scalars(stmt.order_by(Job.last_seen.desc(), Job.job_id)).all()
 
 
 def get_job(*, session: Session, job_id: str) -> Job | None:
@@ -25,8 +28,33 @@ def get_result(*, session: Session, job_id: str) -> AnalysisResult | None:
     return session.get(AnalysisResult, job_id)
 
 
-def results_by_job(*, session: Session) -> dict[str, AnalysisResult]:
-    return {r.job_id: r for r in session.scalars(select(AnalysisResult))}
+def results_by_job(*, session: Session, job_ids: Sequence[str] | None = None) -> dict[str, AnalysisResult]:
+    """Stored results with their scalar columns only (the views are deferred)."""
+    stmt = select(AnalysisResult)
+    if job_ids is not None:
+        stmt = stmt.where(AnalysisResult.job_id.in_(job_ids))
+    return {r.job_id: r for r in session.scalars(stmt)}
+
+
+def result_parts(*, session: Session, job_id: str, parts: Sequence[str]) -> dict[str, Any] | None:
+    """Some columns of one stored result (`state`, `computed_at` and the named views), or None."""
+    columns = [getattr(AnalysisResult, name) for name in ("state", "computed_at", *parts)]
+    row = session.execute(select(*columns).where(AnalysisResult.job_id == job_id)).first()
+    return None if row is None else dict(zip(("state", "computed_at", *parts), row, strict=True))
+
+
+def liveness_facts(*, session: Session) -> dict[str, tuple[bool, float]]:
+    """Per job, over the newest agent of each rank: (all said goodbye, last heard from)."""
+    newer = aliased(Agent)
+    is_newest = ~exists().where(
+        newer.job_id == Agent.job_id, newer.rank == Agent.rank, newer.first_seen > Agent.first_seen
+    )
+    stmt = (
+        select(Agent.job_id, func.min(case((Agent.final, 1), else_=0)), func.max(Agent.last_seen))
+        .where(is_newest)
+        .group_by(Agent.job_id)
+    )
+    return {job: (bool(all_final), float(heard)) for job, all_final, heard in session.execute(stmt)}
 
 
 def job_agents(*, session: Session, job_id: str) -> Sequence[Agent]:
@@ -126,11 +154,7 @@ def step_times(
 
 def restart_steps(*, session: Session, job_id: str) -> list[int]:
     """The first step each agent incarnation reported: where the job started or restarted."""
-    stmt = (
-        select(func.min(StepRecord.step))
-        .where(StepRecord.job_id == job_id)
-        .group_by(StepRecord.agent_id)
-    )
+    stmt = select(func.min(StepRecord.step)).where(StepRecord.job_id == job_id).group_by(StepRecord.agent_id)
     return sorted({int(s) for s in session.scalars(stmt)})
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from smon_server.store.grids import Grid
 from smon_server.whatif.diagnosis import Diagnosis, Straggler
 from smon_server.whatif.engine import WhatIfResult
 
@@ -113,25 +114,32 @@ def worker_grid(result: WhatIfResult) -> dict[str, Any]:
 
 def rank_heatmap(
     result: WhatIfResult, worker_ranks: Mapping[tuple[int, int], Sequence[int]] | None = None
-) -> dict[str, Any]:
+) -> Grid:
     """Rank x step grid of S_w per step. Every rank of a worker (its TP / CP peers, when given)
     shows the worker's value."""
     a = result.attribution
-    rows: list[tuple[int, list[float | None]]] = []
+    ranks: list[int] = []
+    rows: list[tuple[int, int]] = []
     for d, dp in enumerate(result.dp_ranks):
         for s, stage in enumerate(result.stages):
             lead = int(result.worker_rank[d, s])
-            ranks = list((worker_ranks or {}).get((int(dp), int(stage)), [])) or ([lead] if lead >= 0 else [])
-            series: list[float | None] = (
-                [_f(v) for v in a.worker_step[d, s]] if a else [None] * len(result.steps)
-            )
-            rows.extend((int(r), series) for r in ranks)
-    rows.sort(key=lambda r: r[0])
-    return {
-        "ranks": [r for r, _ in rows],
-        "steps": [int(s) for s in result.steps],
-        "values": [v for _, v in rows],
-    }
+            found = list((worker_ranks or {}).get((int(dp), int(stage)), [])) or ([lead] if lead >= 0 else [])
+            ranks.extend(int(r) for r in found)
+            rows.extend((d, s) for _ in found)
+    order = np.argsort(np.asarray(ranks, dtype=np.int64), kind="stable")
+    n_steps = len(result.steps)
+    if a is None or not rows:
+        values = np.full((len(ranks), n_steps), np.nan, dtype=np.float32)
+    else:
+        d_idx = np.asarray([w[0] for w in rows], dtype=np.intp)
+        s_idx = np.asarray([w[1] for w in rows], dtype=np.intp)
+        values = a.worker_step[d_idx, s_idx].astype(np.float32)
+        values[~np.isfinite(values)] = np.nan
+    return Grid(
+        ranks=np.asarray(ranks, dtype=np.int64)[order],
+        steps=np.asarray(result.steps, dtype=np.int64),
+        values=values[order] if len(ranks) else values,
+    )
 
 
 def _f(x: float | None) -> float | None:

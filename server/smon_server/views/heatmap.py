@@ -1,0 +1,69 @@
+"""Heatmaps as a screen shows them: at most `max_ranks` × `max_steps` cells, zoomable by range.
+
+A screen has a few hundred pixels per axis, so a 4,096-rank grid is binned: each cell holds the
+*maximum* of its bin, so one hot rank among 32 still lights its row (on-call looks for the worst,
+and a mean would dilute it 32-fold). `rank_ranges` / `step_ranges` say which ranks and steps each
+row and column covers; asking for a narrower `from_rank..to_rank` / step range gives full detail.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+
+from smon_server.store.grids import Grid
+
+
+def select(
+    grid: Grid, *, from_rank: int | None, to_rank: int | None, from_step: int | None, to_step: int | None
+) -> Grid:
+    rows = np.ones(grid.ranks.shape, dtype=bool)
+    cols = np.ones(grid.steps.shape, dtype=bool)
+    if from_rank is not None:
+        rows &= grid.ranks >= from_rank
+    if to_rank is not None:
+        rows &= grid.ranks <= to_rank
+    if from_step is not None:
+        cols &= grid.steps >= from_step
+    if to_step is not None:
+        cols &= grid.steps <= to_step
+    return Grid(grid.ranks[rows], grid.steps[cols], grid.values[np.ix_(rows, cols)])
+
+
+def _edges(n: int, limit: int) -> np.ndarray:
+    bins = min(n, max(1, limit))
+    size = math.ceil(n / bins) if n else 1
+    return np.arange(0, n, size) if n else np.empty(0, dtype=np.int64)
+
+
+def downsample(grid: Grid, *, max_ranks: int, max_steps: int) -> dict[str, Any]:
+    """The grid binned to fit, as the heatmap response's fields (null where a bin has no value)."""
+    n, m = grid.values.shape
+    r_edges, s_edges = _edges(n, max_ranks), _edges(m, max_steps)
+    values = grid.values.astype(np.float32, copy=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN bin is a null cell
+        if r_edges.size < n:
+            values = np.fmax.reduceat(values, r_edges, axis=0)
+        if s_edges.size < m:
+            values = np.fmax.reduceat(values, s_edges, axis=1)
+    downsampled = r_edges.size < n or s_edges.size < m
+    cells: list[list[float | None]] = [
+        [None if math.isnan(v) else round(v, 6) for v in row] for row in values.tolist()
+    ]
+    return {
+        "ranks": [int(grid.ranks[i]) for i in r_edges],
+        "steps": [int(grid.steps[j]) for j in s_edges],
+        "values": cells,
+        "downsampled": downsampled,
+        "rank_ranges": _ranges(grid.ranks, r_edges) if downsampled else None,
+        "step_ranges": _ranges(grid.steps, s_edges) if downsampled else None,
+    }
+
+
+def _ranges(ids: np.ndarray, edges: np.ndarray) -> list[list[int]]:
+    ends = np.append(edges[1:], ids.shape[0]) - 1
+    return [[int(ids[a]), int(ids[b])] for a, b in zip(edges, ends, strict=True)]
