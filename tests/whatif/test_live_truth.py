@@ -174,3 +174,22 @@ def test_varying_sequence_lengths_get_no_allowance() -> None:
     forward = lengths.prepared.layout.slot_type == lengths.prepared.layout.op_types.index("forward-compute")
     assert not lengths.prepared.durations.jitter.cap[forward].any()
     assert lengths.slowdown > plain.slowdown
+
+
+def test_pauses_that_take_turns_are_not_jitter() -> None:
+    """Every rank pauses for GC on alternate steps, by turns (the paper's unsynchronised GC): no
+    worker stands out on average, yet every step waits for a pause. An op that runs on some steps
+    only is a pattern to idealise, not ordinary jitter: S is what synchronising the pauses buys
+    (the same pauses, every rank on the same steps), as D* of `gc` is its cost per step."""
+    turns = DdpJob(
+        ranks=2, steps=80, jitter=_gaussian(0.001), gc_pause=lambda r, s: 0.030 if (s + r) % 2 == 0 else 0.0
+    )
+    together = dataclasses.replace(turns, gc_pause=lambda r, s: 0.030 if s % 2 == 0 else 0.0)
+    rows, t_turns = simulate(turns)
+    _, t_together = simulate(together)
+    table = build_op_table(rows)
+    result = analyze(table, config=ROBUST)
+    truth = t_turns / t_together
+    assert truth > 1.2
+    assert result.slowdown == pytest.approx(truth, rel=0.03)
+    assert "python_gc" in [d.cause for d in diagnose(table, result)]

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from smon_server.jobs import live
 from smon_server.jobs.gpu_health import gpu_health
-from smon_server.jobs.liveness import JobState, Liveness, job_liveness
+from smon_server.jobs.liveness import JobState, Liveness, job_liveness, job_state
 from smon_server.settings import Settings
 from smon_server.store import grids, queries
 from smon_server.store.grids import Grid
@@ -41,15 +41,16 @@ def needs_refresh(
     new_steps = job.last_step_seen is not None and job.last_step_seen > previous.computed_at
     if new_steps and not state_change_only:
         return True
-    liveness = job_liveness(
-        job,
-        queries.job_agents(session=session, job_id=job.job_id),
-        now=now,
-        stall_seconds=settings.stall_seconds,
+    # Two aggregates, not every agent row: this runs before each API read of a 4,096-rank job.
+    all_final, heard = queries.liveness_facts(session=session, job_ids=[job.job_id]).get(
+        job.job_id, (False, None)
     )
-    if liveness.state.value != previous.state:
+    state = job_state(
+        job, all_final=all_final, last_heard=heard, now=now, stall_seconds=settings.stall_seconds
+    )
+    if state.value != previous.state:
         return True
-    return liveness.state is JobState.STALLED and not state_change_only
+    return state is JobState.STALLED and not state_change_only
 
 
 def analyze_job(

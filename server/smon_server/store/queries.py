@@ -43,7 +43,9 @@ def result_parts(*, session: Session, job_id: str, parts: Sequence[str]) -> dict
     return None if row is None else dict(zip(("state", "computed_at", *parts), row, strict=True))
 
 
-def liveness_facts(*, session: Session) -> dict[str, tuple[bool, float]]:
+def liveness_facts(
+    *, session: Session, job_ids: Sequence[str] | None = None
+) -> dict[str, tuple[bool, float]]:
     """Per job, over the newest agent of each rank: (all said goodbye, last heard from)."""
     newer = aliased(Agent)
     is_newest = ~exists().where(
@@ -54,6 +56,8 @@ def liveness_facts(*, session: Session) -> dict[str, tuple[bool, float]]:
         .where(is_newest)
         .group_by(Agent.job_id)
     )
+    if job_ids is not None:
+        stmt = stmt.where(Agent.job_id.in_(job_ids))
     return {job: (bool(all_final), float(heard)) for job, all_final, heard in session.execute(stmt)}
 
 

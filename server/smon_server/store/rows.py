@@ -32,7 +32,6 @@ class ValidBatch:
         return len(self.steps) + len(self.gpu_samples)
 
 
-
 @dataclass(frozen=True)
 class StepRow:
     """The columns of one stored step record the analysis reads."""

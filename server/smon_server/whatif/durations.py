@@ -26,7 +26,8 @@ Ordinary jitter (robust estimator only). A job without stragglers still jitters:
 for whichever rank happened to be slowest, so a jitter-free ideal makes even a healthy job look
 straggling (2 ranks on a shared CPU: S 1.07-1.12 from jitter alone), and overstates what removing
 a straggler would buy, since the same job without it still jitters. So the robust estimator also
-returns a *jitter allowance*: per instance, its deviation from its worker's own mean in that slot,
+returns a *jitter allowance*: per instance that ran, its deviation from its worker's own mean in
+that slot (over the instances that ran: an op present on some steps only is a pattern, not noise),
 clipped to +-`jitter_sigmas` robust sigmas of those deviations over the stage's kept workers. The
 healthy ideal is D* plus that allowance (sources.JitterSource): a worker's bias over its peers is
 never in it, nor is anything beyond the envelope (a GC pause, an evaluation step, a long batch).
@@ -60,9 +61,9 @@ class Durations:
 
 @dataclass(frozen=True)
 class Jitter:
-    """Per slot and DP replica: an instance of duration d keeps clip(d - mean, -cap, cap)."""
+    """Per slot and DP replica: an instance that ran (d > 0) keeps clip(d - mean, -cap, cap)."""
 
-    mean: np.ndarray  # [n_slots, n_dp] each worker's mean in the slot over the window
+    mean: np.ndarray  # [n_slots, n_dp] each worker's mean in the slot over the instances that ran
     cap: np.ndarray  # [n_slots] jitter_sigmas x robust sigma of the kept workers' deviations
 
 
@@ -157,7 +158,13 @@ def _jitter(
     sigmas: float,
     length_driven: frozenset[str],
 ) -> Jitter:
-    mean = measured.mean(axis=1, dtype=np.float64)  # [slot, dp]
+    # Over the instances that ran: an op present on some steps only (a GC pause every few steps,
+    # an evaluation) is a pattern to idealise, not jitter; only how long it takes when it runs is.
+    ran = measured > 0
+    count = ran.sum(axis=1)
+    mean = np.divide(
+        measured.sum(axis=1, dtype=np.float64), count, out=np.zeros(count.shape), where=count > 0
+    )
     kept = np.ones(mean.shape, dtype=bool)  # the envelope is the kept workers' jitter
     for name, workers in left_out.items():
         code = layout.op_types.index(name)
@@ -170,9 +177,9 @@ def _jitter(
         for stage in np.unique(layout.slot_stage):
             slots = np.flatnonzero((layout.slot_type == code) & (layout.slot_stage == stage))
             cols = kept[slots].all(axis=0)
-            if not slots.size or not cols.any():
+            if not slots.size or not cols.any() or not ran[slots][:, :, cols].any():
                 continue
-            deviation = (measured[slots][:, :, cols] - mean[slots][:, None, cols]).ravel()
+            deviation = (measured[slots][:, :, cols] - mean[slots][:, None, cols])[ran[slots][:, :, cols]]
             stride = max(1, deviation.size // SIGMA_SAMPLE)  # a sigma needs no 40M-element median
             cap[slots] = sigmas * float(robust_sigma(deviation[::stride]))
     return Jitter(mean=mean.astype(measured.dtype), cap=cap)

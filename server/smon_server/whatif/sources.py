@@ -86,8 +86,10 @@ class JitterSource:
 
     def add(self, slot: int, start: np.ndarray, out: np.ndarray) -> None:
         j = self.jitter
-        deviation = self.measured[slot] - j.mean[slot]
+        measured = self.measured[slot]
+        deviation = measured - j.mean[slot]
         np.clip(deviation, -j.cap[slot], j.cap[slot], out=deviation)
+        deviation[measured <= 0] = 0.0  # absent here: the ideal instance is D*
         deviation += self.ideal[slot]
         np.maximum(deviation, 0.0, out=deviation)
         np.add(start, deviation, out=out)
