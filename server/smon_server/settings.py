@@ -49,6 +49,11 @@ class Settings(BaseSettings):
     # D*: "robust" leaves workers that stand out from their peers out of the ideal (live default,
     # true on small jobs); "paper" is the published estimator (mean over every instance).
     estimator: Literal["paper", "robust"] = "robust"
+    # Stragglers are also looked for in the newest steps alone: those that ended within this many
+    # seconds of the newest (at least `recent_min_steps`), so a new straggler is named within
+    # seconds of its onset instead of when it dominates the whole window (summary `recent`).
+    recent_seconds: Annotated[float, Field(gt=0)] = 15.0
+    recent_min_steps: Annotated[int, Field(ge=2)] = 5
     auto_migrate: bool = True
 
     # Ingest limits: what a single batch and record may hold before it is rejected.

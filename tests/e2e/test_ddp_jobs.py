@@ -23,6 +23,7 @@ from smon_server.demo import training_command
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from tests.conftest import server_settings
+from tests.e2e.processes import run_job_command
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -54,7 +55,7 @@ def run_job(
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "SMON_DEMO_QUIET": "1", **env}
     extra = ["--report", str(report)] if report else []
     command = training_command(RANKS, ["--steps", str(steps), *extra, *args], module=module)
-    return subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=timeout, check=False)
+    return run_job_command(command, full_env, timeout)
 
 
 def analysed_summary(server: BackgroundServer, job: str, steps: int = STEPS) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from smon_server.demo import training_command
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Agent
 from tests.conftest import server_settings
+from tests.e2e.processes import run_job_command
 from tests.e2e.test_ddp_jobs import analysed_summary
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -68,7 +68,7 @@ def run_job(server: BackgroundServer, name: str, args: list[str], report: Path) 
     command = training_command(
         RANKS, ["--steps", str(STEPS), "--report", str(report), *USUAL, *args], module=MODULE
     )
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+    done = run_job_command(command, env, 300)
     assert done.returncode == 0, done.stderr[-4000:]
     return job, analysed_summary(server, job, steps=STEPS)
 

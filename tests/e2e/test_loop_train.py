@@ -17,6 +17,7 @@ from smon_server.demo import training_command
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from tests.conftest import server_settings
+from tests.e2e.processes import run_job_command
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -47,7 +48,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background
 def run_loop(args: list[str], env: dict[str, str], report: Path) -> subprocess.CompletedProcess[str]:
     command = training_command(RANKS, ["--steps", str(STEPS), "--report", str(report), *args], module=MODULE)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
-    return subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=300, check=False)
+    return run_job_command(command, full_env, 300)
 
 
 def test_every_knob_at_once_without_smon(tmp_path: Path) -> None:

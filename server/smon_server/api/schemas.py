@@ -57,6 +57,14 @@ class Attribution(BaseModel):
     by_stage: dict[str, float] = {}
 
 
+class RecentOut(BaseModel):
+    from_step: int | None
+    to_step: int | None
+    steps_seen: int
+    slowdown: float | None = Field(description="S of these steps alone")
+    stragglers: list[Straggler]
+
+
 class SummaryOut(BaseModel):
     job_id: str
     state: str
@@ -81,6 +89,11 @@ class SummaryOut(BaseModel):
     attribution: Attribution
     stragglers: list[Straggler]
     diagnoses: list[Diagnosis]
+    recent: RecentOut | None = Field(
+        None,
+        description="the newest steps alone (SMON_RECENT_SECONDS): who straggles right now, named "
+        "within seconds of an onset; null when the window is that short already",
+    )
     computed_at: datetime | None
 
 

@@ -17,6 +17,8 @@ at one thread. `--d-model/--layers/--seq-len/--batch-size` override either defau
 
 Knobs, each off by default (rank -1 = no rank):
     --slow-rank R --delay S            rank R's forward takes S s longer (a slow GPU)
+    --slow-from N                      ... only from optimizer step N on (a straggler's onset; the
+                                       report records its wall time as "onset")
     --host-rank R --host-delay S       rank R sleeps S s before each micro-step's forward, outside
                                        every phase SMon times (untimed host work)
     --slow-data-rank R --data-delay S  rank R's dataset takes S s per batch (__getitem__; with
@@ -185,6 +187,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Straggler knobs.
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--delay", type=float, default=0.0, help="extra seconds per forward on --slow-rank")
+    p.add_argument("--slow-from", type=int, default=0, help="the slow rank is slow from this step on")
     p.add_argument("--host-rank", type=int, default=-1)
     p.add_argument("--host-delay", type=float, default=0.0, help="untimed seconds per micro-step")
     p.add_argument("--slow-data-rank", type=int, default=-1)
@@ -215,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     device_s = args.device_ms / 1000
     extra_s = args.delay if rank == args.slow_rank else 0.0
     device = SimulatedDevice(device_s, extra=extra_s) if device_s or extra_s else nn.Identity()
+    if extra_s and args.slow_from and isinstance(device, SimulatedDevice):
+        device.extra = 0.0  # healthy until the onset
+    onset: float | None = None
     model = DistributedDataParallel(GPT(args.d_model, args.layers, args.seq_len, device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
@@ -252,6 +258,9 @@ def main(argv: list[str] | None = None) -> None:
             step_times.append(now - tick)
             tick = now
             step += 1
+            if extra_s and args.slow_from and step == args.slow_from and isinstance(device, SimulatedDevice):
+                device.extra = extra_s
+                onset = time.time()
 
             # Periodic work after the optimizer step: SMon charges it to the next step.
             if rank == 0 and args.log_every and step % args.log_every == 0:
@@ -266,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.report:
         args.report.mkdir(parents=True, exist_ok=True)
-        (args.report / f"rank{rank}.json").write_text(json.dumps({"step_times": step_times}))
+        (args.report / f"rank{rank}.json").write_text(json.dumps({"step_times": step_times, "onset": onset}))
     dist.barrier()
     dist.destroy_process_group()
     if checkpoint_dir is not None:

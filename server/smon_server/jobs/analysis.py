@@ -117,7 +117,19 @@ def analyze_job(
         from_step=steps_analysed[0] if steps_analysed else lo,
         to_step=steps_analysed[-1] if steps_analysed else hi,
         steps_seen=len(steps_analysed),
+        recent=None,
     )
+    recent_from = _recent_from(times, settings.recent_seconds, settings.recent_min_steps)
+    if ops is not None and analysis.result is not None and recent_from is not None:
+        summary["recent"] = live.recent_stragglers(
+            ops,
+            recent_from,
+            hosts=hosts,
+            health=health,
+            worker_ranks=worker_ranks,
+            config=WhatIfConfig(estimator=settings.estimator),
+            backend=_backend(agents),
+        )
     return {
         "state": liveness.state.value,
         "computed_at": now,
@@ -153,6 +165,18 @@ def store_result(row: AnalysisResult, result: dict[str, Any]) -> None:
     row.workers = result["workers"]
     row.rank_overall = result["rank_overall"]
     row.heatmap = grids.pack(result["rank_slowdown"])
+
+
+def _recent_from(times: Sequence[tuple[int, float, float]], seconds: float, min_steps: int) -> int | None:
+    """First step of the recent stretch: the steps that ended within `seconds` of the newest, at
+    least `min_steps` of them; None when that is the whole window (the window's answer stands)."""
+    if len(times) <= min_steps:
+        return None
+    newest = max(end for _, _, end in times)
+    ordered = sorted(times)
+    recent = [step for step, _, end in ordered if end >= newest - seconds]
+    first = min(recent[0] if recent else ordered[-1][0], ordered[-min_steps][0])
+    return None if first <= ordered[0][0] else first
 
 
 def warmup_ranges(starts: Sequence[int], warmup_steps: int) -> list[tuple[int, int]]:

@@ -33,6 +33,36 @@ class LiveAnalysis:
     error: str | None = None  # why there is no result, when there is none
 
 
+def recent_stragglers(
+    ops: OpTable,
+    from_step: int,
+    *,
+    hosts: Mapping[int, str] | None = None,
+    health: Mapping[int, GpuHealth] | None = None,
+    worker_ranks: Mapping[tuple[int, int], Sequence[int]] | None = None,
+    config: WhatIfConfig | None = None,
+    backend: str = "",
+) -> dict[str, Any] | None:
+    """S and the stragglers of the newest steps alone (`from_step` on), or None when there are
+    too few. The window summary keeps its meaning (500 steps: a stable S, causes with evidence);
+    this answers "who is straggling right now", within seconds of an onset."""
+    recent = ops.take(ops.step >= from_step)
+    if len(recent) == 0:
+        return None
+    signals = Signals(
+        gpu=dict(health or {}),
+        hosts=dict(hosts or {}),
+        worker_ranks={k: tuple(v) for k, v in (worker_ranks or {}).items()},
+        backend=backend,
+    )
+    try:
+        result = analyze(recent, config=config)
+    except AnalysisError:
+        return None
+    view = to_summary(result, stragglers=stragglers(recent, result, signals), hosts=hosts)
+    return {key: view[key] for key in ("from_step", "to_step", "steps_seen", "slowdown", "stragglers")}
+
+
 def analyze_live(
     ops: OpTable | None,
     *,

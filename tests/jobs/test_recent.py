@@ -1,0 +1,41 @@
+"""The newest steps alone name a straggler within seconds of its onset (summary `recent`)."""
+
+from __future__ import annotations
+
+from smon_server.jobs.analysis import _recent_from
+from smon_server.jobs.live import analyze_live, recent_stragglers
+from smon_server.whatif.config import WhatIfConfig
+from smon_server.whatif.from_steps import build_op_table
+from tests.whatif.step_records import DdpJob, simulate
+
+ROBUST = WhatIfConfig(estimator="robust")
+
+
+def test_an_onset_is_named_in_recent_before_the_window_notices() -> None:
+    job = DdpJob(ranks=4, steps=200, extra_forward=lambda r, s: 0.020 if r == 2 and s >= 190 else 0.0)
+    table = build_op_table(simulate(job)[0])
+    window = analyze_live(table, gpus=4, elapsed_hours=0.1, config=ROBUST)
+    assert window.summary["stragglers"] == []  # 10 slow steps of 200 do not stand out
+    recent = recent_stragglers(table, 190, config=ROBUST)
+    assert recent is not None
+    assert (recent["from_step"], recent["to_step"], recent["steps_seen"]) == (190, 199, 10)
+    assert [s["rank"] for s in recent["stragglers"]] == [2]
+    assert recent["stragglers"][0]["cause"] == "slow_worker"
+    assert recent["slowdown"] > 1.3
+
+
+def test_healthy_recent_steps_name_nobody() -> None:
+    table = build_op_table(simulate(DdpJob(ranks=4, steps=60))[0])
+    recent = recent_stragglers(table, 50, config=ROBUST)
+    assert recent is not None and recent["stragglers"] == []
+    assert recent_stragglers(table, 1000, config=ROBUST) is None  # no such steps
+
+
+def test_recent_stretch_is_the_last_seconds_but_never_too_few_steps() -> None:
+    times = [(s, 100.0 + s, 101.0 + s) for s in range(100)]  # one step a second
+    assert _recent_from(times, seconds=15, min_steps=5) == 84  # ended within 15 s of the newest
+    assert _recent_from(times, seconds=1, min_steps=5) == 95  # at least 5 steps
+    slow = [(s, 100.0 + 30 * s, 130.0 + 30 * s) for s in range(100)]  # 30 s steps
+    assert _recent_from(slow, seconds=15, min_steps=5) == 95
+    assert _recent_from(times, seconds=500, min_steps=5) is None  # the whole window already
+    assert _recent_from(times[:5], seconds=15, min_steps=5) is None
