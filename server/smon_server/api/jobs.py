@@ -24,7 +24,7 @@ from smon_server.api.schemas import (
 )
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import loop
-from smon_server.jobs.liveness import JobState, job_state
+from smon_server.jobs.liveness import JobState
 from smon_server.store import grids, queries
 from smon_server.store.models import Job
 from smon_server.store.queries import StepWindow
@@ -57,27 +57,23 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> JobsOut:
-    """Newest first. Reads scalar columns only: no job's analysis is decoded for the list."""
+    """Newest first. Filtered, counted and paged in the database; no job's analysis is decoded."""
     now = time.time()
-    stall = context.settings.stall_seconds
-    facts = queries.liveness_facts(session=db)
-    results = queries.results_by_job(session=db)
-    rows = []
-    for job in queries.list_jobs(session=db, contains=q):
-        all_final, heard = facts.get(job.job_id, (False, None))
-        live = job_state(job, all_final=all_final, last_heard=heard, now=now, stall_seconds=stall)
-        result = results.get(job.job_id)
-        if state is not None and live is not state:
-            continue
-        if straggling is not None:
-            s = result.slowdown if result is not None else None
-            if (s is not None and s >= STRAGGLING) is not straggling:
-                continue
-        rows.append((job, live, result))
-    page = rows[offset : offset + limit]
+    page, total = queries.job_page(
+        session=db,
+        now=now,
+        stall_seconds=context.settings.stall_seconds,
+        state=state.value if state is not None else None,
+        slowdown_at_least=STRAGGLING if straggling is True else None,
+        slowdown_below=STRAGGLING if straggling is False else None,
+        contains=q,
+        limit=limit,
+        offset=offset,
+    )
     out = []
-    for job, live, result in page:
-        if result is not None and result.state != live.value:
+    for row in page:
+        job, result = row.job, row.result
+        if result is not None and result.state != row.live_state:
             # Finished or stalled since its last analysis: analyse it now, so the state is never
             # shown next to numbers of another one (or another replica / the loop did it while
             # we waited for the lease: re-read anyway).
@@ -87,7 +83,7 @@ def list_jobs(
         out.append(
             JobOut(
                 job_id=job.job_id,
-                state=result.state if result is not None and result.state else live.value,
+                state=result.state if result is not None and result.state else row.live_state,
                 world_size=job.world_size,
                 last_step=job.last_step,
                 slowdown=result.slowdown if result else None,
@@ -101,7 +97,7 @@ def list_jobs(
                 computed_at=_ts(result.computed_at) if result else None,
             )
         )
-    return JobsOut(jobs=out, total=len(rows), limit=limit, offset=offset)
+    return JobsOut(jobs=out, total=total, limit=limit, offset=offset)
 
 
 def _analysis(db: DbDep, context: ContextDep, job: Job, window: StepWindow, *parts: str) -> dict[str, Any]:

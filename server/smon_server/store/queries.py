@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, case, exists, func, select
+from sqlalchemy import Select, case, exists, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from smon_server.store.models import Agent, AnalysisResult, GpuSample, Job, StepRecord
@@ -43,19 +43,79 @@ def result_parts(*, session: Session, job_id: str, parts: Sequence[str]) -> dict
     return None if row is None else dict(zip(("state", "computed_at", *parts), row, strict=True))
 
 
-def liveness_facts(
-    *, session: Session, job_ids: Sequence[str] | None = None
-) -> dict[str, tuple[bool, float]]:
-    """Per job, over the newest agent of each rank: (all said goodbye, last heard from)."""
+@dataclass(frozen=True)
+class JobListRow:
+    job: Job
+    result: AnalysisResult | None
+    live_state: str  # running / stalled / finished, now
+
+
+def job_page(
+    *,
+    session: Session,
+    now: float,
+    stall_seconds: float,
+    state: str | None = None,
+    slowdown_at_least: float | None = None,
+    slowdown_below: float | None = None,
+    contains: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> tuple[list[JobListRow], int]:
+    """One page of jobs, newest first, with their stored results' scalar columns and their live
+    state, filtered and counted in the database: the list costs the same with 10 or 100,000 jobs
+    stored. The state is jobs.liveness.job_state in SQL (tests/store check that they agree)."""
+    facts = _liveness_facts_stmt().subquery()
+    heard = func.coalesce(facts.c.heard, Job.last_seen)
+    since_step = now - func.coalesce(Job.last_step_seen, Job.first_seen)
+    live = case(
+        (facts.c.all_final == 1, "finished"),
+        (now - heard > stall_seconds, "finished"),
+        (since_step > stall_seconds, "stalled"),
+        else_="running",
+    ).label("live_state")
+    stmt = (
+        select(Job, AnalysisResult, live, func.count().over().label("total"))
+        .outerjoin(facts, facts.c.job_id == Job.job_id)
+        .outerjoin(AnalysisResult, AnalysisResult.job_id == Job.job_id)
+    )
+    if state is not None:
+        stmt = stmt.where(live == state)
+    if slowdown_at_least is not None:
+        stmt = stmt.where(AnalysisResult.slowdown >= slowdown_at_least)
+    if slowdown_below is not None:
+        stmt = stmt.where(or_(AnalysisResult.slowdown.is_(None), AnalysisResult.slowdown < slowdown_below))
+    if contains:
+        stmt = stmt.where(Job.job_id.contains(contains, autoescape=True))
+    rows = session.execute(stmt.order_by(Job.last_seen.desc(), Job.job_id).limit(limit).offset(offset)).all()
+    if rows:
+        total = int(rows[0].total)
+    else:  # past the end (or nothing matches): count without a page
+        total = int(session.scalar(select(func.count()).select_from(stmt.order_by(None).subquery())) or 0)
+    return [JobListRow(job=r[0], result=r[1], live_state=str(r[2])) for r in rows], total
+
+
+def _liveness_facts_stmt() -> Select[str, Any, float]:
     newer = aliased(Agent)
     is_newest = ~exists().where(
         newer.job_id == Agent.job_id, newer.rank == Agent.rank, newer.first_seen > Agent.first_seen
     )
-    stmt = (
-        select(Agent.job_id, func.min(case((Agent.final, 1), else_=0)), func.max(Agent.last_seen))
+    return (
+        select(
+            Agent.job_id.label("job_id"),
+            func.min(case((Agent.final, 1), else_=0)).label("all_final"),
+            func.max(Agent.last_seen).label("heard"),
+        )
         .where(is_newest)
         .group_by(Agent.job_id)
     )
+
+
+def liveness_facts(
+    *, session: Session, job_ids: Sequence[str] | None = None
+) -> dict[str, tuple[bool, float]]:
+    """Per job, over the newest agent of each rank: (all said goodbye, last heard from)."""
+    stmt = _liveness_facts_stmt()
     if job_ids is not None:
         stmt = stmt.where(Agent.job_id.in_(job_ids))
     return {job: (bool(all_final), float(heard)) for job, all_final, heard in session.execute(stmt)}
