@@ -46,6 +46,11 @@ def _load(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _step_seconds(summary: dict[str, Any]) -> float | None:
+    ideal, slowdown = summary.get("ideal_step_time"), summary.get("slowdown")
+    return float(ideal) * float(slowdown) if ideal is not None and slowdown is not None else None
+
+
 def upgrade() -> None:
     with op.batch_alter_table("analysis_results") as batch:
         batch.add_column(sa.Column("state", sa.String(length=16), nullable=False, server_default=""))
@@ -54,6 +59,8 @@ def upgrade() -> None:
         batch.add_column(sa.Column("stragglers", sa.Integer(), nullable=False, server_default="0"))
         batch.add_column(sa.Column("worst_rank", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("leading_cause", sa.String(length=32), nullable=False, server_default=""))
+        batch.add_column(sa.Column("step_seconds", sa.Double(), nullable=True))
+        batch.add_column(sa.Column("top_workers", JSON_TYPE, nullable=True))
         batch.add_column(sa.Column("summary", JSON_TYPE, nullable=True))
         batch.add_column(sa.Column("steps", JSON_TYPE, nullable=True))
         batch.add_column(sa.Column("workers", JSON_TYPE, nullable=True))
@@ -70,6 +77,8 @@ def upgrade() -> None:
         sa.column("stragglers", sa.Integer),
         sa.column("worst_rank", sa.Integer),
         sa.column("leading_cause", sa.String),
+        sa.column("step_seconds", sa.Double),
+        sa.column("top_workers", JSON_TYPE),
         sa.column("summary", JSON_TYPE),
         sa.column("steps", JSON_TYPE),
         sa.column("workers", JSON_TYPE),
@@ -92,6 +101,8 @@ def upgrade() -> None:
                 stragglers=len(stragglers),
                 worst_rank=stragglers[0].get("rank") if stragglers else None,
                 leading_cause=str(diagnoses[0].get("cause") or "")[:32] if diagnoses else "",
+                step_seconds=_step_seconds(summary),
+                top_workers=[],  # filled by the job's next analysis
                 summary=summary,
                 steps=result.get("steps") or [],
                 workers=result.get("workers") or {},
@@ -148,6 +159,8 @@ def downgrade() -> None:
         bind.execute(table.update().where(table.c.job_id == job_id).values(result=result))
     with op.batch_alter_table("analysis_results") as batch:
         for column in (
+            "top_workers",
+            "step_seconds",
             "heatmap",
             "rank_overall",
             "workers",

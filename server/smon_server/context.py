@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from smon_server.metrics.ingest_stats import IngestStats
+from smon_server.metrics.jobs_collector import JobsCollector
 from smon_server.settings import Settings
 from smon_server.store.db import Database
 
@@ -21,6 +22,7 @@ class ServerContext:
 
     def __post_init__(self) -> None:
         self.ingest_stats = IngestStats(self.registry)
+        self.registry.register(JobsCollector(self.db, self.settings))
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServerContext:

@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     max_duration_seconds: Annotated[float, Field(gt=0)] = 86_400.0
 
     metrics_top_k: Annotated[int, Field(ge=0)] = 5
+    # Finished jobs' series stay this long after the job was last heard from, then go away.
+    metrics_finished_grace: Annotated[float, Field(ge=0)] = 900.0
 
     @field_validator("database_url")
     @classmethod

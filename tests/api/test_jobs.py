@@ -329,3 +329,26 @@ def test_heatmap_bins_and_zoom(client: httpx.Client, slow_job: str) -> None:
     zoom = client.get(url, params={"from_rank": SLOW_RANK, "to_rank": SLOW_RANK}).json()
     assert zoom["ranks"] == [SLOW_RANK] and not zoom["downsampled"]
     assert len(zoom["steps"]) == STEPS - WARMUP
+
+
+def test_metrics_endpoint_exports_the_job(client: httpx.Client, slow_job: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = client.get("/metrics").text
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+    def value(name: str, **labels: str) -> list[float]:
+        return [
+            s.value
+            for s in samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
+
+    summary = client.get(f"/api/v1/jobs/{slow_job}/summary").json()
+    assert value("smon_job_slowdown_ratio", job=slow_job) == [pytest.approx(summary["slowdown"])]
+    assert value("smon_job_stalled", job=slow_job) == [0.0]
+    workers = [s for s in samples if s.name == "smon_worker_slowdown_ratio" and s.labels["job"] == slow_job]
+    worst = max(workers, key=lambda s: s.value)
+    assert worst.labels["rank"] == str(SLOW_RANK) and worst.labels["host"] == f"node-{SLOW_RANK}"
+    assert worst.labels["Hostname"] == f"node-{SLOW_RANK}"
+    assert len(workers) <= 5  # SMON_METRICS_TOP_K

@@ -140,7 +140,24 @@ def analyze_job(
         "workers": analysis.workers,
         "rank_slowdown": analysis.rank_slowdown,
         "rank_overall": {str(k): v for k, v in analysis.rank_overall.items()},
+        "step_seconds": float(analysis.result.step_time.mean()) if analysis.result is not None else None,
+        "top_workers": _top_workers(analysis.rank_overall, agents, settings.metrics_top_k),
     }
+
+
+def _top_workers(overall: dict[int, float], agents: Sequence[Agent], k: int) -> list[dict[str, Any]]:
+    """The k ranks with the largest S_w, with what joins them to GPU metrics (host, GPU UUID)."""
+    by_rank = {a.rank: a for a in agents}
+    ranked = sorted(overall.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+    return [
+        {
+            "rank": rank,
+            "host": by_rank[rank].host if rank in by_rank else "",
+            "gpu_uuid": by_rank[rank].gpu_uuid if rank in by_rank else "",
+            "slowdown": value,
+        }
+        for rank, value in ranked
+    ]
 
 
 def store_result(row: AnalysisResult, result: dict[str, Any]) -> None:
@@ -160,6 +177,8 @@ def store_result(row: AnalysisResult, result: dict[str, Any]) -> None:
     row.stragglers = len(stragglers)
     row.worst_rank = stragglers[0]["rank"] if stragglers else None
     row.leading_cause = str(diagnoses[0]["cause"])[:32] if diagnoses else ""
+    row.step_seconds = result.get("step_seconds")
+    row.top_workers = result.get("top_workers") or []
     row.summary = summary
     row.steps = result["steps"]
     row.workers = result["workers"]

@@ -164,6 +164,9 @@ class AnalysisResult(Base):
     stragglers: Mapped[int] = mapped_column(Integer, default=0)
     worst_rank: Mapped[int | None] = mapped_column(Integer)  # the first straggler's rank
     leading_cause: Mapped[str] = mapped_column(String(32), default="")
+    step_seconds: Mapped[float | None] = mapped_column(Double)  # mean step time of the window
+    # The metrics_top_k workers by S_w: [{rank, host, gpu_uuid, slowdown}] (small: read per scrape)
+    top_workers: Mapped[list[Any] | None] = mapped_column(JsonType)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JsonType, deferred=True)
     steps: Mapped[list[Any] | None] = mapped_column(JsonType, deferred=True)
     workers: Mapped[dict[str, Any] | None] = mapped_column(JsonType, deferred=True)

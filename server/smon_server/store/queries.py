@@ -59,7 +59,8 @@ def job_page(
     slowdown_at_least: float | None = None,
     slowdown_below: float | None = None,
     contains: str | None = None,
-    limit: int = 100,
+    seen_since: float | None = None,
+    limit: int | None = 100,
     offset: int = 0,
 ) -> tuple[list[JobListRow], int]:
     """One page of jobs, newest first, with their stored results' scalar columns and their live
@@ -87,12 +88,37 @@ def job_page(
         stmt = stmt.where(or_(AnalysisResult.slowdown.is_(None), AnalysisResult.slowdown < slowdown_below))
     if contains:
         stmt = stmt.where(Job.job_id.contains(contains, autoescape=True))
+    if seen_since is not None:
+        stmt = stmt.where(Job.last_seen >= seen_since)
     rows = session.execute(stmt.order_by(Job.last_seen.desc(), Job.job_id).limit(limit).offset(offset)).all()
     if rows:
         total = int(rows[0].total)
     else:  # past the end (or nothing matches): count without a page
         total = int(session.scalar(select(func.count()).select_from(stmt.order_by(None).subquery())) or 0)
     return [JobListRow(job=r[0], result=r[1], live_state=str(r[2])) for r in rows], total
+
+
+def exported_jobs(
+    *, session: Session, now: float, stall_seconds: float, seen_since: float
+) -> list[JobListRow]:
+    """Jobs heard from since `seen_since` (running and stalled ones always are: they heartbeat),
+    with their live state and stored scalars: what the metrics collector exports."""
+    rows, _ = job_page(
+        session=session, now=now, stall_seconds=stall_seconds, seen_since=seen_since, limit=None
+    )
+    return rows
+
+
+def dropped_records(*, session: Session, job_ids: Sequence[str]) -> dict[str, int]:
+    """Records each job's agents dropped before sending, summed over every agent incarnation."""
+    if not job_ids:
+        return {}
+    stmt = (
+        select(Agent.job_id, func.sum(Agent.dropped_records))
+        .where(Agent.job_id.in_(job_ids))
+        .group_by(Agent.job_id)
+    )
+    return {job: int(n or 0) for job, n in session.execute(stmt)}
 
 
 def _liveness_facts_stmt() -> Select[str, Any, float]:

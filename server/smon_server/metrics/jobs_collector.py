@@ -1,0 +1,85 @@
+"""Job-level Prometheus metrics, read from the stored analyses at scrape time (DESIGN §6).
+
+A custom collector rather than gauges set by the analysis loop: every replica serves the same
+numbers (they live in the database, not in one process), a restarted server exports them at
+once, and a job that ended long ago simply stops being read, so its series go away. Finished
+jobs stay for `metrics_finished_grace` seconds so a dashboard sees how they ended.
+
+Cardinality is bounded: one series per job and metric, plus `metrics_top_k` workers per job.
+Per-worker series carry DCGM exporter's join labels (`Hostname`, `UUID`) beside DESIGN's `host`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from smon_server.settings import Settings
+from smon_server.store import queries
+from smon_server.store.db import Database
+
+
+class JobsCollector(Collector):
+    def __init__(self, db: Database, settings: Settings, clock: Callable[[], float] = time.time) -> None:
+        self.db = db
+        self.settings = settings
+        self.clock = clock
+
+    def describe(self) -> list[Metric]:
+        return []  # names depend on nothing static: don't query the database at registration
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.clock()
+        slowdown = GaugeMetricFamily(
+            "smon_job_slowdown_ratio",
+            "S: the job's step time over its ideal (what-if analysis)",
+            labels=["job"],
+        )
+        waste = GaugeMetricFamily(
+            "smon_job_waste_ratio", "Fraction of GPU time lost to stragglers: 1 - 1/S", labels=["job"]
+        )
+        hours = CounterMetricFamily(
+            "smon_job_gpu_hours_wasted", "GPU-hours lost to stragglers since the job started", labels=["job"]
+        )
+        step = GaugeMetricFamily(
+            "smon_job_step_seconds", "Mean step time of the analysed window", labels=["job"]
+        )
+        stalled = GaugeMetricFamily(
+            "smon_job_stalled", "1 while agents report but no step completes (a hang)", labels=["job"]
+        )
+        workers = GaugeMetricFamily(
+            "smon_worker_slowdown_ratio",
+            "S_w of the job's top-K workers: the job's slowdown with only this worker's own durations",
+            labels=["job", "rank", "host", "Hostname", "UUID"],
+        )
+        dropped = CounterMetricFamily(
+            "smon_agent_dropped_records", "Records agents dropped before sending (queue full)", labels=["job"]
+        )
+        with self.db.session() as session:
+            rows = queries.exported_jobs(
+                session=session,
+                now=now,
+                stall_seconds=self.settings.stall_seconds,
+                seen_since=now - max(self.settings.metrics_finished_grace, self.settings.stall_seconds),
+            )
+            drops = queries.dropped_records(session=session, job_ids=[r.job.job_id for r in rows])
+        for row in rows:
+            job_id, result = row.job.job_id, row.result
+            hours.add_metric([job_id], row.job.gpu_hours_wasted or 0.0)
+            stalled.add_metric([job_id], 1.0 if row.live_state == "stalled" else 0.0)
+            dropped.add_metric([job_id], float(drops.get(job_id, 0)))
+            if result is None:
+                continue
+            if result.slowdown is not None:
+                slowdown.add_metric([job_id], result.slowdown)
+            if result.waste_fraction is not None:
+                waste.add_metric([job_id], result.waste_fraction)
+            if result.step_seconds is not None:
+                step.add_metric([job_id], result.step_seconds)
+            for w in (result.top_workers or [])[: self.settings.metrics_top_k]:
+                host, uuid = str(w.get("host", "")), str(w.get("gpu_uuid", ""))
+                workers.add_metric([job_id, str(w["rank"]), host, host, uuid], float(w["slowdown"]))
+        yield from (slowdown, waste, hours, step, stalled, workers, dropped)
