@@ -1,9 +1,10 @@
-"""Build wire-protocol batches the way an agent would, for ingest, store and API tests."""
+"""Build wire-protocol batches the way an agent would, and stored jobs, for ingest, store and API tests."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from smon.v1 import ingest_pb2 as pb
 
@@ -142,3 +143,41 @@ def batch(
 
 def new_job_id(prefix: str = "job") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def stored_job(
+    session: Any,
+    job_id: str,
+    now: float,
+    *,
+    seen_ago: float = 1.0,
+    step_ago: float | None = 1.0,
+    agents: Sequence[tuple[int, float, float, bool, int]] = (),
+) -> None:
+    """A job row and its agents written straight to the store. agents: (rank, first seen ago,
+    last seen ago, final, dropped records)."""
+    from smon_server.store.models import Agent, Job
+
+    session.add(
+        Job(
+            job_id=job_id,
+            world_size=max((a[0] for a in agents), default=0) + 1,
+            first_seen=now - 5000,
+            last_seen=now - seen_ago,
+            last_step=99,
+            last_step_seen=None if step_ago is None else now - step_ago,
+            gpu_hours_wasted=2.5,
+        )
+    )
+    for rank, first_ago, last_ago, final, dropped in agents:
+        session.add(
+            Agent(
+                agent_id=uuid.uuid4().hex,
+                job_id=job_id,
+                rank=rank,
+                first_seen=now - first_ago,
+                last_seen=now - last_ago,
+                final=final,
+                dropped_records=dropped,
+            )
+        )

@@ -40,6 +40,34 @@ def _pack(grid: dict[str, Any]) -> bytes:
     return _MAGIC + header + ranks.tobytes() + steps.tobytes() + values.tobytes()
 
 
+# The columns 0003 adds, in order: (name, type, NOT NULL server default or None).
+NEW_COLUMNS: list[tuple[str, Any, str | None]] = [
+    ("state", sa.String(length=16), ""),
+    ("window_start", sa.Double(), None),
+    ("window_end", sa.Double(), None),
+    ("stragglers", sa.Integer(), "0"),
+    ("worst_rank", sa.Integer(), None),
+    ("leading_cause", sa.String(length=32), ""),
+    ("step_seconds", sa.Double(), None),
+    ("top_workers", JSON_TYPE, None),
+    ("summary", JSON_TYPE, None),
+    ("steps", JSON_TYPE, None),
+    ("workers", JSON_TYPE, None),
+    ("rank_overall", JSON_TYPE, None),
+    ("heatmap", sa.LargeBinary(), None),
+]
+
+
+def _results_table() -> sa.TableClause:
+    return sa.table(
+        "analysis_results",
+        sa.column("job_id", sa.String),
+        sa.column("computed_at", sa.Double),
+        sa.column("result", JSON_TYPE),
+        *(sa.column(name, kind) for name, kind, _ in NEW_COLUMNS),
+    )
+
+
 def _load(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         value = json.loads(value)
@@ -53,38 +81,9 @@ def _step_seconds(summary: dict[str, Any]) -> float | None:
 
 def upgrade() -> None:
     with op.batch_alter_table("analysis_results") as batch:
-        batch.add_column(sa.Column("state", sa.String(length=16), nullable=False, server_default=""))
-        batch.add_column(sa.Column("window_start", sa.Double(), nullable=True))
-        batch.add_column(sa.Column("window_end", sa.Double(), nullable=True))
-        batch.add_column(sa.Column("stragglers", sa.Integer(), nullable=False, server_default="0"))
-        batch.add_column(sa.Column("worst_rank", sa.Integer(), nullable=True))
-        batch.add_column(sa.Column("leading_cause", sa.String(length=32), nullable=False, server_default=""))
-        batch.add_column(sa.Column("step_seconds", sa.Double(), nullable=True))
-        batch.add_column(sa.Column("top_workers", JSON_TYPE, nullable=True))
-        batch.add_column(sa.Column("summary", JSON_TYPE, nullable=True))
-        batch.add_column(sa.Column("steps", JSON_TYPE, nullable=True))
-        batch.add_column(sa.Column("workers", JSON_TYPE, nullable=True))
-        batch.add_column(sa.Column("rank_overall", JSON_TYPE, nullable=True))
-        batch.add_column(sa.Column("heatmap", sa.LargeBinary(), nullable=True))
-
-    table = sa.table(
-        "analysis_results",
-        sa.column("job_id", sa.String),
-        sa.column("result", JSON_TYPE),
-        sa.column("state", sa.String),
-        sa.column("window_start", sa.Double),
-        sa.column("window_end", sa.Double),
-        sa.column("stragglers", sa.Integer),
-        sa.column("worst_rank", sa.Integer),
-        sa.column("leading_cause", sa.String),
-        sa.column("step_seconds", sa.Double),
-        sa.column("top_workers", JSON_TYPE),
-        sa.column("summary", JSON_TYPE),
-        sa.column("steps", JSON_TYPE),
-        sa.column("workers", JSON_TYPE),
-        sa.column("rank_overall", JSON_TYPE),
-        sa.column("heatmap", sa.LargeBinary),
-    )
+        for name, kind, default in NEW_COLUMNS:
+            batch.add_column(sa.Column(name, kind, nullable=default is None, server_default=default))
+    table = _results_table()
     bind = op.get_bind()
     for job_id, result in bind.execute(sa.select(table.c.job_id, table.c.result)).all():
         result = _load(result)
@@ -117,19 +116,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     with op.batch_alter_table("analysis_results") as batch:
         batch.add_column(sa.Column("result", JSON_TYPE, nullable=True))
-    table = sa.table(
-        "analysis_results",
-        sa.column("job_id", sa.String),
-        sa.column("result", JSON_TYPE),
-        sa.column("state", sa.String),
-        sa.column("computed_at", sa.Double),
-        sa.column("window_start", sa.Double),
-        sa.column("window_end", sa.Double),
-        sa.column("summary", JSON_TYPE),
-        sa.column("steps", JSON_TYPE),
-        sa.column("workers", JSON_TYPE),
-        sa.column("rank_overall", JSON_TYPE),
-    )
+    table = _results_table()
     bind = op.get_bind()
     rows = bind.execute(
         sa.select(
@@ -158,19 +145,6 @@ def downgrade() -> None:
         }
         bind.execute(table.update().where(table.c.job_id == job_id).values(result=result))
     with op.batch_alter_table("analysis_results") as batch:
-        for column in (
-            "top_workers",
-            "step_seconds",
-            "heatmap",
-            "rank_overall",
-            "workers",
-            "steps",
-            "summary",
-            "leading_cause",
-            "worst_rank",
-            "stragglers",
-            "window_end",
-            "window_start",
-            "state",
-        ):
+        batch.alter_column("result", existing_type=JSON_TYPE, nullable=False)
+        for column, _, _ in reversed(NEW_COLUMNS):
             batch.drop_column(column)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-import uuid
 
 from prometheus_client import CollectorRegistry
 
 from smon_server.metrics.jobs_collector import JobsCollector
 from smon_server.settings import Settings
 from smon_server.store.db import Database
-from smon_server.store.models import Agent, AnalysisResult, Job
+from smon_server.store.models import AnalysisResult
+from tests.factories import stored_job
 
 TOP = [
     {"rank": 3, "host": "node-1", "gpu_uuid": "GPU-aaa", "slowdown": 1.6},
@@ -28,29 +28,10 @@ def add(
     drops: tuple[int, ...] = (0,),
     result: bool = True,
 ) -> None:
+    """A job whose one rank ran len(drops) times (restarts), each incarnation dropping drops[i]."""
     with db.transaction() as s:
-        s.add(
-            Job(
-                job_id=job_id,
-                world_size=4,
-                first_seen=now - 5000,
-                last_seen=now - seen_ago,
-                last_step=99,
-                last_step_seen=now - step_ago,
-                gpu_hours_wasted=2.5,
-            )
-        )
-        for i, n in enumerate(drops):  # one rank, restarted len(drops) - 1 times
-            s.add(
-                Agent(
-                    agent_id=uuid.uuid4().hex,
-                    job_id=job_id,
-                    rank=0,
-                    first_seen=now - 5000 + i,
-                    last_seen=now - seen_ago,
-                    dropped_records=n,
-                )
-            )
+        agents = [(0, 5000 - i, seen_ago, False, n) for i, n in enumerate(drops)]
+        stored_job(s, job_id, now, seen_ago=seen_ago, step_ago=step_ago, agents=agents)
         if result:
             s.add(
                 AnalysisResult(

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-import uuid
 
 from sqlalchemy.orm import Session
 
 from smon_server.jobs.liveness import job_state
 from smon_server.store import queries
 from smon_server.store.db import Database
-from smon_server.store.models import Agent, AnalysisResult, Job
+from smon_server.store.models import AnalysisResult
+from tests.factories import stored_job
 
 STALL = 120.0
 
@@ -26,27 +26,7 @@ def add_job(
     seen_ago: float = 1.0,
 ) -> None:
     """agents: (rank, first_seen ago, last_seen ago, final)."""
-    s.add(
-        Job(
-            job_id=job_id,
-            world_size=2,
-            first_seen=now - 1000,
-            last_seen=now - seen_ago,
-            last_step=10,
-            last_step_seen=None if step_ago is None else now - step_ago,
-        )
-    )
-    for rank, first_ago, last_ago, final in agents:
-        s.add(
-            Agent(
-                agent_id=uuid.uuid4().hex,
-                job_id=job_id,
-                rank=rank,
-                first_seen=now - first_ago,
-                last_seen=now - last_ago,
-                final=final,
-            )
-        )
+    stored_job(s, job_id, now, seen_ago=seen_ago, step_ago=step_ago, agents=[(*a, 0) for a in agents])
     if slowdown is not None:
         s.add(AnalysisResult(job_id=job_id, computed_at=now, state="", slowdown=slowdown, steps_seen=1))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -81,3 +83,24 @@ def test_0003_moves_stored_results_into_their_columns(database_url: str) -> None
         assert "result" not in row
     finally:
         db.dispose()
+
+
+def test_0003_downgrades_and_upgrades_again(db: Database) -> None:
+    import sqlalchemy as sa
+
+    with db.engine.begin() as c:
+        c.execute(
+            sa.text(
+                "INSERT INTO analysis_results (job_id, computed_at, state, steps_seen, stragglers, "
+                "leading_cause, summary) VALUES ('j', 5.0, 'running', 1, 0, '', :s)"
+            ),
+            {"s": '{"slowdown": 1.25}'},
+        )
+    migrate.downgrade(db, "0002")
+    assert migrate.current_revision(db) == "0002"
+    migrate.upgrade(db)
+    with db.engine.connect() as c:
+        row = c.execute(sa.text("SELECT state, summary FROM analysis_results")).mappings().one()
+    summary = row["summary"]
+    assert row["state"] == "running"
+    assert (json.loads(summary) if isinstance(summary, str) else summary) == {"slowdown": 1.25}

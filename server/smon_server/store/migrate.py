@@ -31,6 +31,14 @@ def upgrade(db: Database, revision: str = "head") -> None:
         command.upgrade(config, revision)
 
 
+def downgrade(db: Database, revision: str) -> None:
+    """Back to `revision` (an operator's way out of a bad upgrade; tests check it round-trips)."""
+    config = alembic_config(db.url)
+    with db.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+
+
 def current_revision(db: Database) -> str | None:
     from alembic.runtime.migration import MigrationContext
 
