@@ -48,6 +48,7 @@ NEW_COLUMNS: list[tuple[str, Any, str | None]] = [
     ("stragglers", sa.Integer(), "0"),
     ("worst_rank", sa.Integer(), None),
     ("leading_cause", sa.String(length=32), ""),
+    ("flagged", sa.Boolean(), "0"),
     ("step_seconds", sa.Double(), None),
     ("top_workers", JSON_TYPE, None),
     ("summary", JSON_TYPE, None),
@@ -100,6 +101,7 @@ def upgrade() -> None:
                 stragglers=len(stragglers),
                 worst_rank=stragglers[0].get("rank") if stragglers else None,
                 leading_cause=str(diagnoses[0].get("cause") or "")[:32] if diagnoses else "",
+                flagged=bool(summary.get("discrepancy_flagged")),
                 step_seconds=_step_seconds(summary),
                 top_workers=[],  # filled by the job's next analysis
                 summary=summary,

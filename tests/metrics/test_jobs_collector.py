@@ -63,6 +63,7 @@ def test_jobs_are_read_at_scrape_time(db: Database) -> None:
     assert value("smon_job_step_seconds", {"job": "slow"}) == 0.8
     assert value("smon_job_stalled", {"job": "slow"}) == 0.0
     assert value("smon_job_stalled", {"job": "hung"}) == 1.0
+    assert value("smon_job_analysis_flagged", {"job": "slow"}) == 0.0
     assert value("smon_agent_dropped_records_total", {"job": "slow"}) == 12  # both incarnations
     worker = {"job": "slow", "rank": "3", "host": "node-1", "Hostname": "node-1", "UUID": "GPU-aaa"}
     assert value("smon_worker_slowdown_ratio", worker) == 1.6

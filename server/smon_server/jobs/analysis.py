@@ -177,6 +177,7 @@ def store_result(row: AnalysisResult, result: dict[str, Any]) -> None:
     row.stragglers = len(stragglers)
     row.worst_rank = stragglers[0]["rank"] if stragglers else None
     row.leading_cause = str(diagnoses[0]["cause"])[:32] if diagnoses else ""
+    row.flagged = bool(summary.get("discrepancy_flagged"))
     row.step_seconds = result.get("step_seconds")
     row.top_workers = result.get("top_workers") or []
     row.summary = summary

@@ -50,6 +50,11 @@ class JobsCollector(Collector):
         stalled = GaugeMetricFamily(
             "smon_job_stalled", "1 while agents report but no step completes (a hang)", labels=["job"]
         )
+        flagged = GaugeMetricFamily(
+            "smon_job_analysis_flagged",
+            "1 when the latest analysis is not trusted (replay misses the measured steps by > 5%)",
+            labels=["job"],
+        )
         workers = GaugeMetricFamily(
             "smon_worker_slowdown_ratio",
             "S_w of the job's top-K workers: the job's slowdown with only this worker's own durations",
@@ -79,7 +84,8 @@ class JobsCollector(Collector):
                 waste.add_metric([job_id], result.waste_fraction)
             if result.step_seconds is not None:
                 step.add_metric([job_id], result.step_seconds)
+            flagged.add_metric([job_id], 1.0 if result.flagged else 0.0)
             for w in (result.top_workers or [])[: self.settings.metrics_top_k]:
                 host, uuid = str(w.get("host", "")), str(w.get("gpu_uuid", ""))
                 workers.add_metric([job_id, str(w["rank"]), host, host, uuid], float(w["slowdown"]))
-        yield from (slowdown, waste, hours, step, stalled, workers, dropped)
+        yield from (slowdown, waste, hours, step, stalled, flagged, workers, dropped)

@@ -164,6 +164,8 @@ class AnalysisResult(Base):
     stragglers: Mapped[int] = mapped_column(Integer, default=0)
     worst_rank: Mapped[int | None] = mapped_column(Integer)  # the first straggler's rank
     leading_cause: Mapped[str] = mapped_column(String(32), default="")
+    # The replay missed the measured steps by > 5%: shown, not trusted, never paged on.
+    flagged: Mapped[bool] = mapped_column(Boolean, default=False)
     step_seconds: Mapped[float | None] = mapped_column(Double)  # mean step time of the window
     # The metrics_top_k workers by S_w: [{rank, host, gpu_uuid, slowdown}] (small: read per scrape)
     top_workers: Mapped[list[Any] | None] = mapped_column(JsonType)
