@@ -64,9 +64,27 @@ def job_page(
     offset: int = 0,
 ) -> tuple[list[JobListRow], int]:
     """One page of jobs, newest first, with their stored results' scalar columns and their live
-    state, filtered and counted in the database: the list costs the same with 10 or 100,000 jobs
-    stored. The state is jobs.liveness.job_state in SQL (tests/store check that they agree)."""
-    facts = _liveness_facts_stmt().subquery()
+    state, filtered and counted in the database. The state is jobs.liveness.job_state in SQL
+    (tests/store check that they agree). Without a state filter the page is cut first and only its
+    jobs' agents are aggregated, so the default list does not read every agent of every job."""
+    filters = []
+    if slowdown_at_least is not None:
+        filters.append(AnalysisResult.slowdown >= slowdown_at_least)
+    if slowdown_below is not None:
+        filters.append(or_(AnalysisResult.slowdown.is_(None), AnalysisResult.slowdown < slowdown_below))
+    if contains:
+        filters.append(Job.job_id.contains(contains, autoescape=True))
+    if seen_since is not None:
+        filters.append(Job.last_seen >= seen_since)
+    newest_first = (Job.last_seen.desc(), Job.job_id)
+    results = AnalysisResult.job_id == Job.job_id
+
+    facts_stmt = _liveness_facts_stmt()
+    if state is None:
+        page = select(Job.job_id).outerjoin(AnalysisResult, results).where(*filters)
+        page = page.order_by(*newest_first).limit(limit).offset(offset)
+        facts_stmt = facts_stmt.where(Agent.job_id.in_(page.scalar_subquery()))
+    facts = facts_stmt.subquery()
     heard = func.coalesce(facts.c.heard, Job.last_seen)
     since_step = now - func.coalesce(Job.last_step_seen, Job.first_seen)
     live = case(
@@ -76,25 +94,19 @@ def job_page(
         else_="running",
     ).label("live_state")
     stmt = (
-        select(Job, AnalysisResult, live, func.count().over().label("total"))
+        select(Job, AnalysisResult, live)
         .outerjoin(facts, facts.c.job_id == Job.job_id)
-        .outerjoin(AnalysisResult, AnalysisResult.job_id == Job.job_id)
+        .outerjoin(AnalysisResult, results)
+        .where(*filters)
     )
     if state is not None:
         stmt = stmt.where(live == state)
-    if slowdown_at_least is not None:
-        stmt = stmt.where(AnalysisResult.slowdown >= slowdown_at_least)
-    if slowdown_below is not None:
-        stmt = stmt.where(or_(AnalysisResult.slowdown.is_(None), AnalysisResult.slowdown < slowdown_below))
-    if contains:
-        stmt = stmt.where(Job.job_id.contains(contains, autoescape=True))
-    if seen_since is not None:
-        stmt = stmt.where(Job.last_seen >= seen_since)
-    rows = session.execute(stmt.order_by(Job.last_seen.desc(), Job.job_id).limit(limit).offset(offset)).all()
-    if rows:
-        total = int(rows[0].total)
-    else:  # past the end (or nothing matches): count without a page
-        total = int(session.scalar(select(func.count()).select_from(stmt.order_by(None).subquery())) or 0)
+    rows = session.execute(stmt.order_by(*newest_first).limit(limit).offset(offset)).all()
+    if state is None:
+        counted = select(func.count()).select_from(Job).outerjoin(AnalysisResult, results).where(*filters)
+    else:
+        counted = select(func.count()).select_from(stmt.order_by(None).subquery())
+    total = int(session.scalar(counted) or 0)
     return [JobListRow(job=r[0], result=r[1], live_state=str(r[2])) for r in rows], total
 
 
