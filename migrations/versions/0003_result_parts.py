@@ -49,6 +49,8 @@ NEW_COLUMNS: list[tuple[str, Any, str | None]] = [
     ("worst_rank", sa.Integer(), None),
     ("leading_cause", sa.String(length=32), ""),
     ("flagged", sa.Boolean(), "0"),
+    ("recent_slowdown", sa.Double(), None),
+    ("recent_stragglers", JSON_TYPE, None),
     ("step_seconds", sa.Double(), None),
     ("top_workers", JSON_TYPE, None),
     ("summary", JSON_TYPE, None),

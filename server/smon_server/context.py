@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from smon_server.alerts.rules import Rule, load_rules
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.metrics.jobs_collector import JobsCollector
 from smon_server.settings import Settings
@@ -19,8 +20,10 @@ class ServerContext:
     # A registry per server (not prometheus_client's global one): tests run several servers.
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     ingest_stats: IngestStats = field(init=False)
+    alert_rules: tuple[Rule, ...] = field(init=False)
 
     def __post_init__(self) -> None:
+        self.alert_rules = load_rules(self.settings.alert_rules)  # a bad file fails at start
         self.ingest_stats = IngestStats(self.registry)
         self.registry.register(JobsCollector(self.db, self.settings))
 

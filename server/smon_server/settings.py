@@ -38,6 +38,7 @@ class Settings(BaseSettings):
     pagerduty_url: str = PAGERDUTY_EVENTS_URL
     webhook_url: str | None = None
 
+    alert_rules: str | None = None  # YAML file overriding the default alert rules (alerts/rules.py)
     analysis_interval: Annotated[float, Field(gt=0)] = 10.0
     # Most recent complete steps one analysis pass looks at.
     analysis_window_steps: Annotated[int, Field(gt=0)] = 500

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from smon_server import __version__
-from smon_server.api import health, jobs, metrics
+from smon_server.api import alerts, health, jobs, metrics
 from smon_server.context import ServerContext
 
 
@@ -19,4 +19,5 @@ def create_app(context: ServerContext) -> FastAPI:
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(jobs.router)
+    app.include_router(alerts.router)
     return app

@@ -178,6 +178,11 @@ def store_result(row: AnalysisResult, result: dict[str, Any]) -> None:
     row.worst_rank = stragglers[0]["rank"] if stragglers else None
     row.leading_cause = str(diagnoses[0]["cause"])[:32] if diagnoses else ""
     row.flagged = bool(summary.get("discrepancy_flagged"))
+    recent = summary.get("recent") or {}
+    row.recent_slowdown = recent.get("slowdown")
+    row.recent_stragglers = [
+        {"rank": s["rank"], "host": s["host"], "cause": s["cause"]} for s in recent.get("stragglers") or []
+    ]
     row.step_seconds = result.get("step_seconds")
     row.top_workers = result.get("top_workers") or []
     row.summary = summary

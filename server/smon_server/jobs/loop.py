@@ -16,6 +16,7 @@ import time
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
+from smon_server.alerts import engine as alert_engine
 from smon_server.context import ServerContext
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import waste
@@ -45,7 +46,8 @@ async def analysis_loop(
 
 
 def analysis_pass(context: ServerContext, now: float) -> int:
-    """Analyse every job with news since its last result; returns how many were analysed."""
+    """Analyse every job with news since its last result, then evaluate the alert rules over the
+    stored results; returns how many jobs were analysed."""
     with context.db.session() as session:
         jobs = session.scalars(select(Job.job_id)).all()
     done = 0
@@ -55,6 +57,18 @@ def analysis_pass(context: ServerContext, now: float) -> int:
                 done += 1
         except Exception:
             log.exception("analysis of job %s failed", job_id)
+    try:
+        settings = context.settings
+        with context.db.transaction() as session:
+            alert_engine.evaluate(
+                session,
+                now=now,
+                rules=context.alert_rules,
+                stall_seconds=settings.stall_seconds,
+                horizon=max(settings.metrics_finished_grace, settings.stall_seconds),
+            )
+    except Exception:
+        log.exception("alert evaluation failed; retrying next pass")
     return done
 
 

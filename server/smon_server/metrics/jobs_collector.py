@@ -71,6 +71,14 @@ class JobsCollector(Collector):
                 seen_since=now - max(self.settings.metrics_finished_grace, self.settings.stall_seconds),
             )
             drops = queries.dropped_records(session=session, job_ids=[r.job.job_id for r in rows])
+            firing = queries.firing_alerts(session=session)
+        alerts = GaugeMetricFamily(
+            "smon_alerts_firing",
+            "SMon's own firing alert incidents, by rule and severity",
+            labels=["rule", "severity"],
+        )
+        for (rule, severity), count in sorted(firing.items()):
+            alerts.add_metric([rule, severity], float(count))
         for row in rows:
             job_id, result = row.job.job_id, row.result
             hours.add_metric([job_id], row.job.gpu_hours_wasted or 0.0)
@@ -88,4 +96,4 @@ class JobsCollector(Collector):
             for w in (result.top_workers or [])[: self.settings.metrics_top_k]:
                 host, uuid = str(w.get("host", "")), str(w.get("gpu_uuid", ""))
                 workers.add_metric([job_id, str(w["rank"]), host, host, uuid], float(w["slowdown"]))
-        yield from (slowdown, waste, hours, step, stalled, flagged, workers, dropped)
+        yield from (slowdown, waste, hours, step, stalled, flagged, workers, dropped, alerts)

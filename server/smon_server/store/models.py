@@ -166,6 +166,9 @@ class AnalysisResult(Base):
     leading_cause: Mapped[str] = mapped_column(String(32), default="")
     # The replay missed the measured steps by > 5%: shown, not trusted, never paged on.
     flagged: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The newest steps alone (summary.recent): who straggles right now, for alerts.
+    recent_slowdown: Mapped[float | None] = mapped_column(Double)
+    recent_stragglers: Mapped[list[Any] | None] = mapped_column(JsonType)  # [{rank, host, cause}]
     step_seconds: Mapped[float | None] = mapped_column(Double)  # mean step time of the window
     # The metrics_top_k workers by S_w: [{rank, host, gpu_uuid, slowdown}] (small: read per scrape)
     top_workers: Mapped[list[Any] | None] = mapped_column(JsonType)
@@ -174,3 +177,44 @@ class AnalysisResult(Base):
     workers: Mapped[dict[str, Any] | None] = mapped_column(JsonType, deferred=True)
     rank_overall: Mapped[dict[str, Any] | None] = mapped_column(JsonType, deferred=True)
     heatmap: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
+
+
+class Alert(Base):
+    """One incident: a rule true for a job (and a host, for per-host rules) until it resolves.
+
+    `dedup_key` is stable per (job, rule[, host]) and open incident, so a job pages once however
+    many ranks straggle, and a rule that comes back after resolving opens a new incident."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_job_state", "job_id", "state"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dedup_key: Mapped[str] = mapped_column(String(400))
+    rule: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(String(256))
+    host: Mapped[str] = mapped_column(String(256), default="")
+    severity: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))  # pending, firing, resolved
+    summary: Mapped[str] = mapped_column(String(1024), default="")
+    details: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    started_at: Mapped[float] = mapped_column(Double)  # condition first true
+    fired_at: Mapped[float | None] = mapped_column(Double)
+    last_true_at: Mapped[float] = mapped_column(Double)
+    resolved_at: Mapped[float | None] = mapped_column(Double)
+    acked_at: Mapped[float | None] = mapped_column(Double)
+    acked_by: Mapped[str] = mapped_column(String(256), default="")
+    silenced: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Silence(Base):
+    """Alerts whose labels match every matcher (fnmatch patterns on job, rule, host) stay quiet
+    between `starts_at` and `ends_at`; they are still tracked and shown."""
+
+    __tablename__ = "silences"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    matchers: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    starts_at: Mapped[float] = mapped_column(Double)
+    ends_at: Mapped[float] = mapped_column(Double)
+    created_by: Mapped[str] = mapped_column(String(256), default="")
+    comment: Mapped[str] = mapped_column(String(1024), default="")

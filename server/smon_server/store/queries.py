@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, case, exists, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
-from smon_server.store.models import Agent, AnalysisResult, GpuSample, Job, StepRecord
+from smon_server.store.models import Agent, Alert, AnalysisResult, GpuSample, Job, StepRecord
 from smon_server.store.rows import StepRow
 
 
@@ -119,6 +119,12 @@ def exported_jobs(
         session=session, now=now, stall_seconds=stall_seconds, seen_since=seen_since, limit=None
     )
     return rows
+
+
+def firing_alerts(*, session: Session) -> dict[tuple[str, str], int]:
+    """Firing incidents by (rule, severity), silenced ones included (they are still firing)."""
+    stmt = select(Alert.rule, Alert.severity, func.count()).where(Alert.state == "firing")
+    return {(r, s): int(n) for r, s, n in session.execute(stmt.group_by(Alert.rule, Alert.severity))}
 
 
 def dropped_records(*, session: Session, job_ids: Sequence[str]) -> dict[str, int]:

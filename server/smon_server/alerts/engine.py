@@ -1,0 +1,170 @@
+"""One evaluation of every rule over the stored analyses, moving incidents through their lifecycle.
+
+pending (condition true, not yet for `for`) → firing → resolved (condition false for
+`keep_firing_for`). A condition that clears while pending drops the incident without a page. The
+lifecycle lives in the `alerts` table, so a restarted server picks up where it left off, and one
+replica evaluates at a time (a PostgreSQL advisory lock). Flagged analyses (the replay misses the
+measured steps by > 5 %) and warm-up windows (no S yet) never page.
+
+`evaluate` returns the transitions (fired, resolved) for notifiers to send.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from smon_server.alerts.rules import Rule
+from smon_server.store import queries
+from smon_server.store.models import Alert, Silence
+
+OPEN = ("pending", "firing")
+_LOCK_KEY = 0x534D4F4E414C5254 & 0x7FFFFFFFFFFFFFFF  # "SMONALRT"
+
+
+@dataclass(frozen=True)
+class Condition:
+    rule: Rule
+    job_id: str
+    host: str
+    severity: str
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return "/".join(["smon", self.job_id, self.rule.name, *([self.host] if self.host else [])])
+
+
+@dataclass(frozen=True)
+class Transition:
+    alert_id: int
+    kind: str  # "firing" or "resolved"
+
+
+def conditions(rows: Sequence[queries.JobListRow], rules: Sequence[Rule]) -> list[Condition]:
+    """The rules' conditions that hold now, one per (job, rule[, host])."""
+    by_name = {r.name: r for r in rules if r.enabled}
+    found: list[Condition] = []
+    for row in rows:
+        job, result = row.job, row.result
+        rule = by_name.get("job_stalled")
+        if rule and row.live_state == "stalled":
+            found.append(
+                Condition(
+                    rule, job.job_id, "", rule.severity, f"Job {job.job_id} is alive but no step completes"
+                )
+            )
+        if result is None or result.flagged or row.live_state != "running":
+            continue
+        rule = by_name.get("job_straggling")
+        s = result.recent_slowdown if result.recent_slowdown is not None else result.slowdown
+        if rule and rule.threshold is not None and s is not None and s >= rule.threshold:
+            critical = rule.critical_threshold is not None and s >= rule.critical_threshold
+            worst = (result.recent_stragglers or [{}])[0] or {}
+            found.append(
+                Condition(
+                    rule,
+                    job.job_id,
+                    "",
+                    "critical" if critical else rule.severity,
+                    f"Job {job.job_id} runs {s:.2f}x slower than it would without stragglers",
+                    {
+                        "slowdown": s,
+                        "window_slowdown": result.slowdown,
+                        "waste_fraction": result.waste_fraction,
+                        "worst_rank": worst.get("rank", result.worst_rank),
+                        "worst_host": worst.get("host"),
+                        "cause": worst.get("cause") or result.leading_cause or None,
+                    },
+                )
+            )
+        rule = by_name.get("worker_straggling")
+        if rule:
+            hosts: dict[str, list[int]] = {}
+            for s_ in result.recent_stragglers or []:
+                hosts.setdefault(str(s_.get("host", "")), []).append(int(s_["rank"]))
+            for host, ranks in hosts.items():
+                found.append(
+                    Condition(
+                        rule,
+                        job.job_id,
+                        host,
+                        rule.severity,
+                        f"Rank(s) {', '.join(map(str, ranks))} on {host or 'an unknown host'} "
+                        f"straggle in job {job.job_id}",
+                        {"ranks": ranks},
+                    )
+                )
+    return found
+
+
+def silenced(alert: Alert, silences: Sequence[Silence], now: float) -> bool:
+    labels = {"job": alert.job_id, "rule": alert.rule, "host": alert.host}
+    return any(
+        s.starts_at <= now < s.ends_at
+        and all(fnmatch.fnmatchcase(labels.get(k, ""), str(v)) for k, v in (s.matchers or {}).items())
+        for s in silences
+    )
+
+
+def evaluate(
+    session: Session, *, now: float, rules: Sequence[Rule], stall_seconds: float, horizon: float
+) -> list[Transition] | None:
+    """Evaluate every rule once; None when another replica holds the evaluation lease."""
+    if session.get_bind().dialect.name == "postgresql":
+        got = session.execute(text("SELECT pg_try_advisory_xact_lock(:k)::text"), {"k": _LOCK_KEY}).scalar()
+        if got != "true":
+            return None
+    rows = queries.exported_jobs(
+        session=session, now=now, stall_seconds=stall_seconds, seen_since=now - horizon
+    )
+    holding = {c.key: c for c in conditions(rows, rules)}
+    open_alerts = {a.dedup_key: a for a in session.scalars(select(Alert).where(Alert.state.in_(OPEN)))}
+    active_silences = session.scalars(select(Silence).where(Silence.ends_at > now)).all()
+    by_name = {r.name: r for r in rules}
+    transitions: list[Alert] = []
+    resolved: list[Alert] = []
+    touched: list[Alert] = list(open_alerts.values())
+    for key, cond in holding.items():
+        alert = open_alerts.get(key)
+        if alert is None:
+            alert = Alert(
+                dedup_key=key,
+                rule=cond.rule.name,
+                job_id=cond.job_id,
+                host=cond.host,
+                state="pending",
+                started_at=now,
+                acked_by="",
+            )
+            session.add(alert)
+            touched.append(alert)
+        alert.last_true_at = now
+        alert.severity = cond.severity
+        alert.summary = cond.summary[:1024]
+        alert.details = cond.details
+        if alert.state == "pending" and now - alert.started_at >= cond.rule.for_seconds:
+            alert.state, alert.fired_at = "firing", now
+            transitions.append(alert)
+    for key, alert in open_alerts.items():
+        if key in holding:
+            continue
+        rule = by_name.get(alert.rule)
+        keep = rule.keep_firing_for if rule else 0.0
+        if alert.state == "pending":
+            alert.state, alert.resolved_at = "resolved", now  # never fired: nobody was paged
+        elif now - alert.last_true_at >= keep:
+            alert.state, alert.resolved_at = "resolved", now
+            resolved.append(alert)
+    for alert in touched:
+        alert.silenced = silenced(alert, active_silences, now)
+    session.flush()
+    return [Transition(a.id, "firing") for a in transitions] + [
+        Transition(a.id, "resolved") for a in resolved
+    ]

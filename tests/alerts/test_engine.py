@@ -1,0 +1,159 @@
+"""The alert lifecycle over stored analyses: pending → firing once → resolved after hysteresis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from smon_server.alerts.engine import Transition, evaluate
+from smon_server.alerts.rules import DEFAULT_RULES, RulesError, load_rules
+from smon_server.store.db import Database
+from smon_server.store.models import Alert, AnalysisResult, Silence
+from tests.factories import stored_job
+
+T0 = 1_800_000_000.0
+STALL = 1e6  # the jobs stay "running" however far the test moves the clock
+
+
+def job(db: Database, job_id: str = "j", *, step_ago: float = 1.0, **result: Any) -> None:
+    with db.transaction() as s:
+        stored_job(s, job_id, T0, step_ago=step_ago, agents=[(0, 100, 1, False, 0), (1, 100, 1, False, 0)])
+        if result:
+            s.add(AnalysisResult(job_id=job_id, computed_at=T0, state="running", steps_seen=100, **result))
+
+
+def set_result(db: Database, job_id: str = "j", **values: Any) -> None:
+    with db.transaction() as s:
+        row = s.get(AnalysisResult, job_id)
+        assert row is not None
+        for k, v in values.items():
+            setattr(row, k, v)
+
+
+def run(db: Database, at: float, stall: float = STALL) -> list[Transition]:
+    with db.transaction() as s:
+        out = evaluate(s, now=T0 + at, rules=DEFAULT_RULES, stall_seconds=stall, horizon=1e7)
+    assert out is not None
+    return out
+
+
+def alerts(db: Database) -> list[Alert]:
+    with db.session() as s:
+        return list(s.scalars(select(Alert).order_by(Alert.id)))
+
+
+def test_straggling_job_pages_once_and_resolves_after_hysteresis(db: Database) -> None:
+    job(db, slowdown=1.2, recent_slowdown=1.2, recent_stragglers=[], stragglers=0)
+    assert run(db, 0) == []
+    assert [a.state for a in alerts(db)] == ["pending"]
+    assert run(db, 30) == []
+    fired = run(db, 61)  # held for `for` (60 s)
+    assert [t.kind for t in fired] == ["firing"]
+    first = alerts(db)[0]
+    assert (first.state, first.severity, first.rule, first.dedup_key) == (
+        "firing",
+        "warning",
+        "job_straggling",
+        "smon/j/job_straggling",
+    )
+    assert "1.20x slower" in first.summary
+    assert run(db, 70) == []  # fires once
+    set_result(db, recent_slowdown=1.05)
+    assert run(db, 80) == [] and run(db, 150) == []  # a dip shorter than keep_firing_for (120 s)
+    set_result(db, recent_slowdown=1.25)
+    assert run(db, 160) == []
+    assert [a.id for a in alerts(db)] == [first.id]  # the same incident throughout
+    set_result(db, recent_slowdown=1.0)
+    assert run(db, 200) == []
+    resolved = run(db, 281)  # 120 s after the condition last held
+    assert resolved == [Transition(first.id, "resolved")]
+    assert alerts(db)[0].state == "resolved"
+    set_result(db, recent_slowdown=1.3)
+    run(db, 300)
+    assert [(a.state, a.severity) for a in alerts(db)] == [("resolved", "warning"), ("pending", "critical")]
+
+
+def test_a_blip_shorter_than_for_pages_nobody(db: Database) -> None:
+    job(db, slowdown=1.2, recent_slowdown=1.2)
+    run(db, 0)
+    set_result(db, recent_slowdown=1.0)
+    assert run(db, 30) == []
+    (alert,) = alerts(db)
+    assert alert.state == "resolved" and alert.fired_at is None
+
+
+def test_flagged_analyses_never_page(db: Database) -> None:
+    job(db, slowdown=1.8, recent_slowdown=1.8, flagged=True)
+    for at in (0, 100, 500):
+        assert run(db, at) == []
+    assert alerts(db) == []
+
+
+def test_stalled_job_fires_at_once_and_each_host_gets_one_incident(db: Database) -> None:
+    job(db, "hung", step_ago=600)
+    job(
+        db,
+        "slow",
+        slowdown=1.4,
+        recent_slowdown=1.4,
+        recent_stragglers=[
+            {"rank": 3, "host": "node-1", "cause": "slow_worker"},
+            {"rank": 2, "host": "node-1", "cause": "slow_worker"},
+            {"rank": 9, "host": "node-4", "cause": "gpu_throttling"},
+        ],
+    )
+    fired = run(db, 0, stall=120)
+    assert len(fired) == 1
+    by_key = {a.dedup_key: a for a in alerts(db)}
+    assert by_key["smon/hung/job_stalled"].state == "firing"
+    assert by_key["smon/slow/job_straggling"].severity == "critical"
+    details = by_key["smon/slow/job_straggling"].details or {}
+    assert (details["worst_rank"], details["cause"]) == (3, "slow_worker")
+    assert by_key["smon/slow/worker_straggling/node-1"].details == {"ranks": [3, 2]}
+    assert "smon/slow/worker_straggling/node-4" in by_key
+    assert len(by_key) == 4  # one per (job, rule[, host]), not one per rank
+
+
+def test_silences_match_labels_and_expire(db: Database) -> None:
+    job(db, slowdown=1.2, recent_slowdown=1.2)
+    with db.transaction() as s:
+        s.add(Silence(matchers={"job": "j*", "rule": "job_straggling"}, starts_at=T0, ends_at=T0 + 100))
+    run(db, 0)
+    assert alerts(db)[0].silenced
+    run(db, 120)
+    assert not alerts(db)[0].silenced
+
+
+def test_lifecycle_survives_a_restart(db: Database) -> None:
+    """The state is in the database: another process (a new Database) continues the incident."""
+    job(db, slowdown=1.2, recent_slowdown=1.2)
+    run(db, 0)
+    assert [t.kind for t in run(db, 61)] == ["firing"]
+    again = Database(db.url)
+    try:
+        assert run(again, 70) == []  # not fired a second time
+        assert [a.state for a in alerts(again)] == ["firing"]
+    finally:
+        again.dispose()
+
+
+def test_rules_file_overrides_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yml"
+    path.write_text(
+        "rules:\n"
+        "  - name: job_straggling\n    for: 300\n    threshold: 1.2\n"
+        "  - name: job_stalled\n    enabled: false\n"
+    )
+    rules = {r.name: r for r in load_rules(str(path))}
+    assert (rules["job_straggling"].for_seconds, rules["job_straggling"].threshold) == (300, 1.2)
+    assert rules["job_straggling"].critical_threshold == 1.3  # untouched
+    assert not rules["job_stalled"].enabled
+    path.write_text("rules:\n  - name: nope\n")
+    with pytest.raises(RulesError, match="unknown rule"):
+        load_rules(str(path))
+    path.write_text("rules:\n  - name: job_stalled\n    fore: 3\n")
+    with pytest.raises(RulesError, match="unknown keys"):
+        load_rules(str(path))
