@@ -1,4 +1,5 @@
-"""alerts and silences: incident lifecycle stored, so it survives restarts and replicas share it
+"""alerts, silences and the notification outbox: the incident lifecycle and every send stored, so
+they survive restarts and replicas share them
 
 Revision ID: 0004
 Revises: 0003
@@ -54,9 +55,28 @@ def upgrade() -> None:
         sa.Column("comment", sa.String(length=1024), nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
+    op.create_table(
+        "notifications",
+        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column("alert_id", sa.Integer(), nullable=False),
+        sa.Column("notifier", sa.String(length=32), nullable=False),
+        sa.Column("event", sa.String(length=16), nullable=False),
+        sa.Column("payload", JSON_TYPE, nullable=False),
+        sa.Column("created_at", sa.Double(), nullable=False),
+        sa.Column("attempts", sa.Integer(), nullable=False),
+        sa.Column("next_attempt_at", sa.Double(), nullable=False),
+        sa.Column("sent_at", sa.Double(), nullable=True),
+        sa.Column("last_error", sa.String(length=1024), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("notifications") as batch:
+        batch.create_index("ix_notifications_due", ["sent_at", "next_attempt_at"], unique=False)
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("notifications") as batch:
+        batch.drop_index("ix_notifications_due")
+    op.drop_table("notifications")
     op.drop_table("silences")
     with op.batch_alter_table("alerts") as batch:
         batch.drop_index("ix_alerts_job_state")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from smon_server.alerts.notifiers import Notifier, configured
 from smon_server.alerts.rules import Rule, load_rules
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.metrics.jobs_collector import JobsCollector
@@ -21,9 +22,11 @@ class ServerContext:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     ingest_stats: IngestStats = field(init=False)
     alert_rules: tuple[Rule, ...] = field(init=False)
+    notifiers: list[Notifier] = field(init=False)
 
     def __post_init__(self) -> None:
         self.alert_rules = load_rules(self.settings.alert_rules)  # a bad file fails at start
+        self.notifiers = configured(self.settings)
         self.ingest_stats = IngestStats(self.registry)
         self.registry.register(JobsCollector(self.db, self.settings))
 

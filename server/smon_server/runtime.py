@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import grpc
 import uvicorn
 
+from smon_server.alerts.sender import sender_loop
 from smon_server.api.main import create_app
 from smon_server.context import ServerContext
 from smon_server.ingest.service import IngestService, make_grpc_server
@@ -80,6 +81,7 @@ async def serve(
     stop = stop or asyncio.Event()
     http_task = asyncio.create_task(http_server.serve())
     loop_task = asyncio.create_task(analysis_loop(context, stop, wake))
+    sender_task = asyncio.create_task(sender_loop(context.db, context.notifiers, stop))
     try:
         while not http_server.started:
             if http_task.done():
@@ -98,9 +100,10 @@ async def serve(
         with contextlib.suppress(Exception):
             await http_task
         await grpc_server.stop(grace=2.0)
-        loop_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop_task
+        for task in (loop_task, sender_task):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         context.db.dispose()
 
 

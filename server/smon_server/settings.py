@@ -37,6 +37,7 @@ class Settings(BaseSettings):
     pagerduty_routing_key: str | None = None
     pagerduty_url: str = PAGERDUTY_EVENTS_URL
     webhook_url: str | None = None
+    public_url: str = "http://localhost:8080"  # SMon as on-call engineers reach it: links in alerts
 
     alert_rules: str | None = None  # YAML file overriding the default alert rules (alerts/rules.py)
     analysis_interval: Annotated[float, Field(gt=0)] = 10.0

@@ -10,7 +10,8 @@ from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
-from smon_server.api.deps import ApiTokenDep, DbDep
+from smon_server.alerts import outbox
+from smon_server.api.deps import ApiTokenDep, ContextDep, DbDep
 from smon_server.store.models import Alert, Silence
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
@@ -122,12 +123,18 @@ def list_alerts(
 
 
 @router.post("/alerts/{alert_id}/ack", response_model=AlertOut)
-def acknowledge(alert_id: int, body: AckIn, db: DbDep, _auth: ApiTokenDep) -> AlertOut:
+def acknowledge(alert_id: int, body: AckIn, db: DbDep, context: ContextDep, _auth: ApiTokenDep) -> AlertOut:
+    """Acknowledged here and, where the incident was paged, in PagerDuty."""
     alert = db.get(Alert, alert_id)
     if alert is None:
         raise HTTPException(status_code=404, detail=f"no alert {alert_id}")
     if alert.acked_at is None:
-        alert.acked_at, alert.acked_by = time.time(), body.by
+        now = time.time()
+        alert.acked_at, alert.acked_by = now, body.by
+        if alert.state == "firing":
+            outbox.enqueue(
+                db, alert, "acknowledged", context.notifiers, public_url=context.settings.public_url, now=now
+            )
         db.commit()
     return AlertOut.of(alert)
 

@@ -17,10 +17,11 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from smon_server.alerts import engine as alert_engine
+from smon_server.alerts import outbox
 from smon_server.context import ServerContext
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import waste
-from smon_server.store.models import AnalysisResult, Job
+from smon_server.store.models import Alert, AnalysisResult, Job
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +61,19 @@ def analysis_pass(context: ServerContext, now: float) -> int:
     try:
         settings = context.settings
         with context.db.transaction() as session:
-            alert_engine.evaluate(
+            transitions = alert_engine.evaluate(
                 session,
                 now=now,
                 rules=context.alert_rules,
                 stall_seconds=settings.stall_seconds,
                 horizon=max(settings.metrics_finished_grace, settings.stall_seconds),
             )
+            for t in transitions or []:
+                alert = session.get(Alert, t.alert_id)
+                if alert is not None:
+                    outbox.enqueue(
+                        session, alert, t.kind, context.notifiers, public_url=settings.public_url, now=now
+                    )
     except Exception:
         log.exception("alert evaluation failed; retrying next pass")
     return done

@@ -218,3 +218,23 @@ class Silence(Base):
     ends_at: Mapped[float] = mapped_column(Double)
     created_by: Mapped[str] = mapped_column(String(256), default="")
     comment: Mapped[str] = mapped_column(String(1024), default="")
+
+
+class Notification(Base):
+    """The outbox: one message for one notifier about one alert transition, written in the same
+    transaction as the transition and sent by a background sender (never by ingest or analysis),
+    retried with backoff until it is delivered; every attempt is recorded here."""
+
+    __tablename__ = "notifications"
+    __table_args__ = (Index("ix_notifications_due", "sent_at", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    alert_id: Mapped[int] = mapped_column(Integer)
+    notifier: Mapped[str] = mapped_column(String(32))  # slack, pagerduty, webhook
+    event: Mapped[str] = mapped_column(String(16))  # firing, resolved, acknowledged
+    payload: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    created_at: Mapped[float] = mapped_column(Double)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[float] = mapped_column(Double)
+    sent_at: Mapped[float | None] = mapped_column(Double)
+    last_error: Mapped[str] = mapped_column(String(1024), default="")

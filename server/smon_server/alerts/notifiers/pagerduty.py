@@ -1,0 +1,43 @@
+"""PagerDuty Events API v2: trigger / acknowledge / resolve one incident per dedup key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from smon_server.alerts.notifiers.base import Message
+
+_ACTIONS = {"firing": "trigger", "acknowledged": "acknowledge", "resolved": "resolve"}
+_SEVERITY = {"critical": "critical", "warning": "warning"}
+
+
+class PagerDuty:
+    name = "pagerduty"
+
+    def __init__(self, routing_key: str, url: str) -> None:
+        self.routing_key = routing_key
+        self.url = url
+
+    def payload(self, m: Message) -> dict[str, Any] | None:
+        body: dict[str, Any] = {
+            "routing_key": self.routing_key,
+            "event_action": _ACTIONS[m.event],
+            "dedup_key": m.dedup_key,
+        }
+        if m.event != "firing":
+            return body  # acknowledge / resolve need nothing else
+        details: dict[str, Any] = {"job": m.job_id, "rule": m.rule, **m.details}
+        if m.worst_ranks:
+            details["worst_ranks"] = m.worst_ranks
+        if m.recommendation:
+            details["recommendation"] = m.recommendation
+        body["payload"] = {
+            "summary": m.summary[:1024],
+            "source": m.host or m.job_id,
+            "severity": _SEVERITY.get(m.severity, "error"),
+            "component": m.job_id,
+            "group": m.rule,
+            "class": m.cause or m.rule,
+            "custom_details": details,
+        }
+        body["links"] = [{"href": m.link, "text": f"Job {m.job_id} in SMon"}]
+        return body
