@@ -1,4 +1,4 @@
-"""The `smon` command: server, demo, db upgrade, analyze (DESIGN §6)."""
+"""The `smon` command: server, demo, db upgrade, analyze (DESIGN §6), alerts."""
 
 from __future__ import annotations
 
@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
         "results) or the mean over workers that do not stand out from their peers",
     )
     analyze.set_defaults(func=cmd_analyze)
+
+    from smon_server.alerts import cli as alerts_cli
+
+    alerts_cli.add_parser(sub)
     return parser
 
 
