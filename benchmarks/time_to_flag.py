@@ -5,7 +5,8 @@ step `--onset` on one rank's forward is slower (a GPU that starts throttling). A
 its default settings (analysis every SMON_ANALYSIS_INTERVAL = 10 s, a 500-step window) stores the
 steps; the benchmark polls `GET /summary` every half second and records when the rank is first
 named in the summary's `recent` stragglers, and, as the baseline measured in the same run, when
-the window's own `stragglers` list first names it. Polls before the onset count false alarms.
+the window's own `stragglers` list first names it; and when SMon's `job_straggling` alert fires
+(the page). Polls before the onset count false alarms.
 
     .venv/bin/python benchmarks/time_to_flag.py [--ranks 2] [--onset 300] [--after 60]
 
@@ -37,6 +38,7 @@ class Poll:
     at: float
     recent: list[int]
     window: list[int]
+    paged: bool = False  # SMon's job_straggling alert is firing
 
 
 def poll(url: str, job: str, stop: threading.Event, out: list[Poll]) -> None:
@@ -48,7 +50,9 @@ def poll(url: str, job: str, stop: threading.Event, out: list[Poll]) -> None:
                 if r.status_code == 200:
                     body = r.json()
                     recent = [s["rank"] for s in (body.get("recent") or {}).get("stragglers") or []]
-                    out.append(Poll(at, recent, [s["rank"] for s in body.get("stragglers") or []]))
+                    alerts = h.get(f"{url}/api/v1/alerts", params={"job": job, "state": "firing"}).json()
+                    paged = any(a["rule"] == "job_straggling" for a in alerts["alerts"])
+                    out.append(Poll(at, recent, [s["rank"] for s in body.get("stragglers") or []], paged))
             except httpx.HTTPError:
                 pass
             stop.wait(0.5)
@@ -130,6 +134,8 @@ def main() -> int:
     false_window = sum(1 for p in before if p.window)
     t_recent = first_named(polls, rank, onset, "recent")
     t_window = first_named(polls, rank, onset, "window")
+    t_page = next((p.at - onset for p in polls if p.at >= onset and p.paged), None)
+    false_pages = sum(1 for p in before if p.paged)
 
     def fmt(t: float | None) -> str:
         return "not named" if t is None else f"{t:.1f} s"
@@ -143,11 +149,12 @@ def main() -> int:
     )
     print(f"  named in `recent` (this work):            {fmt(t_recent)} after onset")
     print(f"  named in the window's stragglers (before): {fmt(t_window)} after onset")
+    print(f"  paged (job_straggling firing, default rules): {fmt(t_page)} after onset")
     if t_recent and t_window:
         print(f"  ratio recent / window: {t_recent / t_window:.2f}")
     print(
         f"  before the onset: {len(before)} polls, a straggler named in `recent` in {false_recent}, "
-        f"in the window in {false_window}"
+        f"in the window in {false_window}, paged in {false_pages}"
     )
     return 0
 

@@ -46,11 +46,13 @@ def alerts(db: Database) -> list[Alert]:
 
 
 def test_straggling_job_pages_once_and_resolves_after_hysteresis(db: Database) -> None:
+    rule = next(r for r in DEFAULT_RULES if r.name == "job_straggling")
+    hold, keep = rule.for_seconds, rule.keep_firing_for
     job(db, slowdown=1.2, recent_slowdown=1.2, recent_stragglers=[], stragglers=0)
     assert run(db, 0) == []
     assert [a.state for a in alerts(db)] == ["pending"]
-    assert run(db, 30) == []
-    fired = run(db, 61)  # held for `for` (60 s)
+    assert run(db, hold - 1) == []
+    fired = run(db, hold + 1)  # held for `for`
     assert [t.kind for t in fired] == ["firing"]
     first = alerts(db)[0]
     assert (first.state, first.severity, first.rule, first.dedup_key) == (
@@ -60,19 +62,20 @@ def test_straggling_job_pages_once_and_resolves_after_hysteresis(db: Database) -
         "smon/j/job_straggling",
     )
     assert "1.20x slower" in first.summary
-    assert run(db, 70) == []  # fires once
+    assert run(db, hold + 10) == []  # fires once
     set_result(db, recent_slowdown=1.05)
-    assert run(db, 80) == [] and run(db, 150) == []  # a dip shorter than keep_firing_for (120 s)
+    assert run(db, hold + 20) == [] and run(db, hold + keep) == []  # a dip shorter than keep_firing_for
     set_result(db, recent_slowdown=1.25)
-    assert run(db, 160) == []
+    last_true = hold + keep + 5
+    assert run(db, last_true) == []
     assert [a.id for a in alerts(db)] == [first.id]  # the same incident throughout
     set_result(db, recent_slowdown=1.0)
-    assert run(db, 200) == []
-    resolved = run(db, 281)  # 120 s after the condition last held
+    assert run(db, last_true + keep - 1) == []
+    resolved = run(db, last_true + keep + 1)  # keep_firing_for after the condition last held
     assert resolved == [Transition(first.id, "resolved")]
     assert alerts(db)[0].state == "resolved"
     set_result(db, recent_slowdown=1.3)
-    run(db, 300)
+    run(db, last_true + keep + 10)
     assert [(a.state, a.severity) for a in alerts(db)] == [("resolved", "warning"), ("pending", "critical")]
 
 
@@ -80,7 +83,7 @@ def test_a_blip_shorter_than_for_pages_nobody(db: Database) -> None:
     job(db, slowdown=1.2, recent_slowdown=1.2)
     run(db, 0)
     set_result(db, recent_slowdown=1.0)
-    assert run(db, 30) == []
+    assert run(db, 10) == []
     (alert,) = alerts(db)
     assert alert.state == "resolved" and alert.fired_at is None
 
@@ -131,10 +134,10 @@ def test_lifecycle_survives_a_restart(db: Database) -> None:
     """The state is in the database: another process (a new Database) continues the incident."""
     job(db, slowdown=1.2, recent_slowdown=1.2)
     run(db, 0)
-    assert [t.kind for t in run(db, 61)] == ["firing"]
+    assert [t.kind for t in run(db, 300)] == ["firing"]
     again = Database(db.url)
     try:
-        assert run(again, 70) == []  # not fired a second time
+        assert run(again, 310) == []  # not fired a second time
         assert [a.state for a in alerts(again)] == ["firing"]
     finally:
         again.dispose()

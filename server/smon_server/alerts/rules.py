@@ -35,8 +35,9 @@ class Rule:
 
 DEFAULT_RULES: tuple[Rule, ...] = (
     # S of the newest steps (or of the window when that is all there is) at or above 1.1; critical
-    # from 1.3. One incident per job however many ranks straggle.
-    Rule("job_straggling", "warning", 60.0, 120.0, threshold=1.1, critical_threshold=1.3),
+    # from 1.3. One incident per job however many ranks straggle. `for` 30 s: three passes at the
+    # default interval, so a page goes out within a minute of an onset (benchmarks/time_to_flag).
+    Rule("job_straggling", "warning", 30.0, 120.0, threshold=1.1, critical_threshold=1.3),
     # A worker named a straggler in the window, per host: drain / inspect that node.
     Rule("worker_straggling", "warning", 120.0, 120.0),
     # Alive (heartbeats) but no step completes.
