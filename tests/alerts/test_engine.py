@@ -109,15 +109,18 @@ def test_stalled_job_fires_at_once_and_each_host_gets_one_incident(db: Database)
         ],
     )
     fired = run(db, 0, stall=120)
-    assert len(fired) == 1
     by_key = {a.dedup_key: a for a in alerts(db)}
+    assert {t.alert_id for t in fired} == {
+        by_key["smon/hung/job_stalled"].id,
+        by_key["smon/slow/gpu_unhealthy/node-4"].id,  # for 0: at once
+    }
     assert by_key["smon/hung/job_stalled"].state == "firing"
     assert by_key["smon/slow/job_straggling"].severity == "critical"
     details = by_key["smon/slow/job_straggling"].details or {}
     assert (details["worst_rank"], details["cause"]) == (3, "slow_worker")
     assert by_key["smon/slow/worker_straggling/node-1"].details == {"ranks": [3, 2]}
     assert "smon/slow/worker_straggling/node-4" in by_key
-    assert len(by_key) == 4  # one per (job, rule[, host]), not one per rank
+    assert len(by_key) == 5  # one per (job, rule[, host]), not one per rank
 
 
 def test_silences_match_labels_and_expire(db: Database) -> None:
@@ -160,3 +163,39 @@ def test_rules_file_overrides_defaults(tmp_path: Path) -> None:
     path.write_text("rules:\n  - name: job_stalled\n    fore: 3\n")
     with pytest.raises(RulesError, match="unknown keys"):
         load_rules(str(path))
+
+
+def test_ranks_that_stop_reporting_while_others_go_on(db: Database) -> None:
+    with db.transaction() as s:
+        # ranks 0 and 1 report; rank 2 went silent 300 s ago; rank 3 said goodbye long ago
+        stored_job(
+            s,
+            "half",
+            T0,
+            agents=[
+                (0, 900, 1, False, 0),
+                (1, 900, 1, False, 0),
+                (2, 900, 300, False, 0),
+                (3, 900, 600, True, 0),
+            ],
+        )
+    with db.transaction() as s:
+        out = evaluate(s, now=T0, rules=DEFAULT_RULES, stall_seconds=120, horizon=1e7)
+    assert out is not None and [t.kind for t in out] == ["firing"]
+    (alert,) = alerts(db)
+    assert alert.rule == "ranks_not_reporting" and alert.details == {"ranks": [2], "hosts": [""]}
+    assert "rank 2" in alert.summary
+
+
+def test_a_throttling_gpu_pages_per_host(db: Database) -> None:
+    job(
+        db,
+        slowdown=1.05,
+        recent_slowdown=1.05,  # below the straggling line: the GPU rule stands on its own
+        recent_stragglers=[{"rank": 5, "host": "node-2", "cause": "gpu_throttling"}],
+    )
+    fired = run(db, 0)
+    assert len(fired) == 1
+    by_rule = {a.rule: a for a in alerts(db)}
+    assert by_rule["gpu_unhealthy"].host == "node-2" and by_rule["gpu_unhealthy"].severity == "critical"
+    assert "job_straggling" not in by_rule

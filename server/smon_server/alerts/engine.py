@@ -47,11 +47,34 @@ class Transition:
     kind: str  # "firing" or "resolved"
 
 
-def conditions(rows: Sequence[queries.JobListRow], rules: Sequence[Rule]) -> list[Condition]:
+def conditions(
+    rows: Sequence[queries.JobListRow],
+    rules: Sequence[Rule],
+    *,
+    now: float,
+    stall_seconds: float,
+    session: Session | None = None,
+) -> list[Condition]:
     """The rules' conditions that hold now, one per (job, rule[, host])."""
     by_name = {r.name: r for r in rules if r.enabled}
     found: list[Condition] = []
     for row in rows:
+        rule = by_name.get("ranks_not_reporting")
+        quiet = row.quietest is not None and now - row.quietest > stall_seconds
+        if rule and quiet and row.live_state == "running" and session is not None:
+            silent = queries.silent_ranks(session=session, job_id=row.job.job_id, before=now - stall_seconds)
+            if silent:
+                found.append(
+                    Condition(
+                        rule,
+                        row.job.job_id,
+                        "",
+                        rule.severity,
+                        f"{len(silent)} rank(s) of job {row.job.job_id} stopped reporting: "
+                        + ", ".join(f"rank {r} on {h or '?'}" for r, h in silent[:8]),
+                        {"ranks": [r for r, _ in silent], "hosts": sorted({h for _, h in silent})},
+                    )
+                )
         job, result = row.job, row.result
         rule = by_name.get("job_stalled")
         if rule and row.live_state == "stalled":
@@ -84,6 +107,24 @@ def conditions(rows: Sequence[queries.JobListRow], rules: Sequence[Rule]) -> lis
                     },
                 )
             )
+        rule = by_name.get("gpu_unhealthy")
+        if rule:
+            sick: dict[str, list[int]] = {}
+            for s_ in result.recent_stragglers or []:
+                if s_.get("cause") == "gpu_throttling":
+                    sick.setdefault(str(s_.get("host", "")), []).append(int(s_["rank"]))
+            for host, ranks in sick.items():
+                found.append(
+                    Condition(
+                        rule,
+                        job.job_id,
+                        host,
+                        rule.severity,
+                        f"GPU of rank(s) {', '.join(map(str, ranks))} on {host or '?'} throttles and slows "
+                        f"job {job.job_id}",
+                        {"ranks": ranks},
+                    )
+                )
         rule = by_name.get("worker_straggling")
         if rule:
             hosts: dict[str, list[int]] = {}
@@ -124,7 +165,8 @@ def evaluate(
     rows = queries.exported_jobs(
         session=session, now=now, stall_seconds=stall_seconds, seen_since=now - horizon
     )
-    holding = {c.key: c for c in conditions(rows, rules)}
+    found = conditions(rows, rules, now=now, stall_seconds=stall_seconds, session=session)
+    holding = {c.key: c for c in found}
     open_alerts = {a.dedup_key: a for a in session.scalars(select(Alert).where(Alert.state.in_(OPEN)))}
     active_silences = session.scalars(select(Silence).where(Silence.ends_at > now)).all()
     by_name = {r.name: r for r in rules}

@@ -42,6 +42,11 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     Rule("worker_straggling", "warning", 120.0, 120.0),
     # Alive (heartbeats) but no step completes.
     Rule("job_stalled", "critical", 0.0, 0.0),
+    # Some ranks stopped reporting (no batch, not even a heartbeat, for SMON_STALL_SECONDS) while
+    # the others go on: a dead agent or node, and the analysis of the job has gaps.
+    Rule("ranks_not_reporting", "warning", 0.0, 60.0),
+    # A straggler whose GPU reports throttling (clocks, thermal / power slowdown): per host.
+    Rule("gpu_unhealthy", "critical", 0.0, 120.0),
 )
 
 _KEYS = {"severity", "for", "keep_firing_for", "threshold", "critical_threshold", "enabled"}

@@ -48,6 +48,7 @@ class JobListRow:
     job: Job
     result: AnalysisResult | None
     live_state: str  # running / stalled / finished, now
+    quietest: float | None = None  # the oldest last-heard among ranks that did not say goodbye
 
 
 def job_page(
@@ -94,7 +95,7 @@ def job_page(
         else_="running",
     ).label("live_state")
     stmt = (
-        select(Job, AnalysisResult, live)
+        select(Job, AnalysisResult, live, facts.c.quietest)
         .outerjoin(facts, facts.c.job_id == Job.job_id)
         .outerjoin(AnalysisResult, results)
         .where(*filters)
@@ -107,7 +108,12 @@ def job_page(
     else:
         counted = select(func.count()).select_from(stmt.order_by(None).subquery())
     total = int(session.scalar(counted) or 0)
-    return [JobListRow(job=r[0], result=r[1], live_state=str(r[2])) for r in rows], total
+    return [
+        JobListRow(
+            job=r[0], result=r[1], live_state=str(r[2]), quietest=None if r[3] is None else float(r[3])
+        )
+        for r in rows
+    ], total
 
 
 def exported_jobs(
@@ -119,6 +125,17 @@ def exported_jobs(
         session=session, now=now, stall_seconds=stall_seconds, seen_since=seen_since, limit=None
     )
     return rows
+
+
+def silent_ranks(*, session: Session, job_id: str, before: float) -> list[tuple[int, str]]:
+    """(rank, host) of the job's newest agents that did not say goodbye and were last heard from
+    before `before`."""
+    stmt = (
+        select(Agent.rank, Agent.host)
+        .where(Agent.job_id == job_id, _is_newest(), Agent.final.is_(False), Agent.last_seen < before)
+        .order_by(Agent.rank)
+    )
+    return [(int(r), str(h)) for r, h in session.execute(stmt)]
 
 
 def firing_alerts(*, session: Session) -> dict[tuple[str, str], int]:
@@ -139,18 +156,23 @@ def dropped_records(*, session: Session, job_ids: Sequence[str]) -> dict[str, in
     return {job: int(n or 0) for job, n in session.execute(stmt)}
 
 
-def _liveness_facts_stmt() -> Select[str, Any, float]:
+def _is_newest() -> Any:
+    """The agent is its rank's newest incarnation (a restarted rank reports under a new agent)."""
     newer = aliased(Agent)
-    is_newest = ~exists().where(
+    return ~exists().where(
         newer.job_id == Agent.job_id, newer.rank == Agent.rank, newer.first_seen > Agent.first_seen
     )
+
+
+def _liveness_facts_stmt() -> Select[str, Any, float, Any]:
     return (
         select(
             Agent.job_id.label("job_id"),
             func.min(case((Agent.final, 1), else_=0)).label("all_final"),
             func.max(Agent.last_seen).label("heard"),
+            func.min(case((Agent.final, None), else_=Agent.last_seen)).label("quietest"),
         )
-        .where(is_newest)
+        .where(_is_newest())
         .group_by(Agent.job_id)
     )
 
@@ -162,7 +184,7 @@ def liveness_facts(
     stmt = _liveness_facts_stmt()
     if job_ids is not None:
         stmt = stmt.where(Agent.job_id.in_(job_ids))
-    return {job: (bool(all_final), float(heard)) for job, all_final, heard in session.execute(stmt)}
+    return {job: (bool(all_final), float(heard)) for job, all_final, heard, _ in session.execute(stmt)}
 
 
 def job_agents(*, session: Session, job_id: str) -> Sequence[Agent]:
