@@ -97,6 +97,19 @@ def test_flagged_analyses_never_page(db: Database) -> None:
 
 def test_stalled_job_fires_at_once_and_each_host_gets_one_incident(db: Database) -> None:
     job(db, "hung", step_ago=600)
+    where = {"positions": {"step 9 / grad_sync": "0-2", "step 8 / forward": "3"}, "suspect_ranks": "3"}
+    with db.transaction() as s:
+        s.add(
+            AnalysisResult(
+                job_id="hung",
+                computed_at=T0,
+                state="stalled",
+                steps_seen=10,
+                summary={
+                    "diagnoses": [{"cause": "hang", "evidence": where, "recommendation": "dump stacks"}]
+                },
+            )
+        )
     job(
         db,
         "slow",
@@ -114,7 +127,9 @@ def test_stalled_job_fires_at_once_and_each_host_gets_one_incident(db: Database)
         by_key["smon/hung/job_stalled"].id,
         by_key["smon/slow/gpu_unhealthy/node-4"].id,  # for 0: at once
     }
-    assert by_key["smon/hung/job_stalled"].state == "firing"
+    stalled = by_key["smon/hung/job_stalled"]
+    assert stalled.state == "firing" and stalled.details == where  # where each rank stands
+    assert "suspect rank(s) 3" in stalled.summary
     assert by_key["smon/slow/job_straggling"].severity == "critical"
     details = by_key["smon/slow/job_straggling"].details or {}
     assert (details["worst_rank"], details["cause"]) == (3, "slow_worker")

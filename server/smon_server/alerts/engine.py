@@ -78,9 +78,16 @@ def conditions(
         job, result = row.job, row.result
         rule = by_name.get("job_stalled")
         if rule and row.live_state == "stalled":
+            where = _hang_evidence(session, job.job_id) if session is not None else {}
+            suspects = f": suspect rank(s) {where['suspect_ranks']}" if where.get("suspect_ranks") else ""
             found.append(
                 Condition(
-                    rule, job.job_id, "", rule.severity, f"Job {job.job_id} is alive but no step completes"
+                    rule,
+                    job.job_id,
+                    "",
+                    rule.severity,
+                    f"Job {job.job_id} is alive but no step completes{suspects}",
+                    where,
                 )
             )
         if result is None or result.flagged or row.live_state != "running":
@@ -143,6 +150,16 @@ def conditions(
                     )
                 )
     return found
+
+
+def _hang_evidence(session: Session, job_id: str) -> dict[str, Any]:
+    """Where each rank stands, from the hang diagnosis of the job's stored analysis (which the
+    loop refreshes as soon as a job stalls)."""
+    parts = queries.result_parts(session=session, job_id=job_id, parts=["summary"]) or {}
+    for d in (parts.get("summary") or {}).get("diagnoses") or []:
+        if d.get("cause") == "hang":
+            return dict(d.get("evidence") or {})
+    return {}
 
 
 def silenced(alert: Alert, silences: Sequence[Silence], now: float) -> bool:
