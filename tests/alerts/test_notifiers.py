@@ -217,7 +217,20 @@ def test_a_page_flows_to_every_receiver_and_is_acked_and_resolved_once(
         with httpx.Client(base_url=server.http_url) as c:
             alert = c.get("/api/v1/alerts", params={"job": job, "state": "firing"}).json()["alerts"][0]
             c.post(f"/api/v1/alerts/{alert['id']}/ack", json={"by": "me"})
-        assert [b["event_action"] for b in hook.wait_for("/pd", 2)] == ["trigger", "acknowledge"]
+            assert [b["event_action"] for b in hook.wait_for("/pd", 2)] == ["trigger", "acknowledge"]
+            deadline = time.monotonic() + 10
+            while True:  # the sender marks rows sent just after the receiver answers
+                record = c.get(f"/api/v1/alerts/{alert['id']}").json()["notifications"]
+                if all(n["sent_at"] for n in record) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        assert sorted((n["notifier"], n["event"]) for n in record) == [
+            ("pagerduty", "acknowledged"),
+            ("pagerduty", "firing"),
+            ("slack", "firing"),
+            ("webhook", "firing"),
+        ]
+        assert all(n["sent_at"] and n["attempts"] == 1 and n["last_error"] == "" for n in record)
 
         analysis_pass(server.context, time.time())  # still straggling: no second page
         analysis_pass(server.context, time.time() + 100_000)  # the job has long gone: resolved

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from smon_server.alerts import outbox
 from smon_server.api.deps import ApiTokenDep, ContextDep, DbDep
-from smon_server.store.models import Alert, Silence
+from smon_server.store.models import Alert, Notification, Silence
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
@@ -61,6 +61,19 @@ class AlertOut(BaseModel):
 
 class AlertsOut(BaseModel):
     alerts: list[AlertOut]
+
+
+class NotificationOut(BaseModel):
+    notifier: str
+    event: str
+    created_at: datetime | None
+    attempts: int
+    sent_at: datetime | None
+    last_error: str
+
+
+class AlertDetailOut(AlertOut):
+    notifications: list[NotificationOut] = Field(description="every message sent or being retried")
 
 
 class AckIn(BaseModel):
@@ -120,6 +133,29 @@ def list_alerts(
         stmt = stmt.where(Alert.state == state)
     rows = db.scalars(stmt.order_by(Alert.id.desc()).limit(limit)).all()
     return AlertsOut(alerts=[AlertOut.of(a) for a in rows])
+
+
+@router.get("/alerts/{alert_id}", response_model=AlertDetailOut)
+def get_alert(alert_id: int, db: DbDep, _auth: ApiTokenDep) -> AlertDetailOut:
+    """One incident with its notifications: did the page go out, and if not, why."""
+    alert = db.get(Alert, alert_id)
+    if alert is None:
+        raise HTTPException(status_code=404, detail=f"no alert {alert_id}")
+    sent = db.scalars(select(Notification).where(Notification.alert_id == alert_id).order_by(Notification.id))
+    return AlertDetailOut(
+        **AlertOut.of(alert).model_dump(),
+        notifications=[
+            NotificationOut(
+                notifier=n.notifier,
+                event=n.event,
+                created_at=_ts(n.created_at),
+                attempts=n.attempts,
+                sent_at=_ts(n.sent_at),
+                last_error=n.last_error,
+            )
+            for n in sent
+        ],
+    )
 
 
 @router.post("/alerts/{alert_id}/ack", response_model=AlertOut)
