@@ -122,5 +122,21 @@ def main() -> int:
     return 0
 
 
+def run() -> None:
+    """Run, then leave without interpreter finalisation. At exit, garbage collection of gRPC call
+    objects (`_Rendezvous.__del__`) can wait forever on a lock that a thread ended while holding:
+    seen here as a sidecar hung after its job finished, holding the job's stderr open so the
+    launcher (torchrun, a scheduler) waited for it too. Everything this process owes is written
+    and acked by the time main() returns, so a hard exit loses nothing."""
+    code = 1
+    try:
+        code = main()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
