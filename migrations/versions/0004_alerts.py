@@ -71,9 +71,18 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("notifications") as batch:
         batch.create_index("ix_notifications_due", ["sent_at", "next_attempt_at"], unique=False)
+    op.create_table(
+        "alert_counters",
+        sa.Column("job_id", sa.String(length=256), nullable=False),
+        sa.Column("name", sa.String(length=64), nullable=False),
+        sa.Column("value", sa.BigInteger(), nullable=False),
+        sa.Column("changed_at", sa.Double(), nullable=False),
+        sa.PrimaryKeyConstraint("job_id", "name"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("alert_counters")
     with op.batch_alter_table("notifications") as batch:
         batch.drop_index("ix_notifications_due")
     op.drop_table("notifications")

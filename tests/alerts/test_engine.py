@@ -11,7 +11,7 @@ from sqlalchemy import select
 from smon_server.alerts.engine import Transition, evaluate
 from smon_server.alerts.rules import DEFAULT_RULES, RulesError, load_rules
 from smon_server.store.db import Database
-from smon_server.store.models import Alert, AnalysisResult, Silence
+from smon_server.store.models import Agent, Alert, AnalysisResult, Silence
 from tests.factories import stored_job
 
 T0 = 1_800_000_000.0
@@ -214,3 +214,18 @@ def test_a_throttling_gpu_pages_per_host(db: Database) -> None:
     by_rule = {a.rule: a for a in alerts(db)}
     assert by_rule["gpu_unhealthy"].host == "node-2" and by_rule["gpu_unhealthy"].severity == "critical"
     assert "job_straggling" not in by_rule
+
+
+def test_dropping_records_fires_while_the_counter_grows(db: Database) -> None:
+    with db.transaction() as s:
+        stored_job(s, "lossy", T0, agents=[(0, 100, 1, False, 0), (1, 100, 1, False, 0)])
+    assert run(db, 0) == []  # nothing dropped
+    with db.transaction() as s:
+        agent = s.scalars(select(Agent).where(Agent.job_id == "lossy", Agent.rank == 1)).one()
+        agent.dropped_records = 40
+    assert [t.kind for t in run(db, 10)] == ["firing"]
+    (alert,) = [a for a in alerts(db) if a.rule == "agents_dropping_records"]
+    assert alert.details == {"dropped_records": 40, "new_since_last_check": 40}
+    assert run(db, 300) == []  # still within the 10-minute window
+    resolved = run(db, 10 + 600 + 300 + 1)  # no growth for the window, then keep_firing_for
+    assert [t.kind for t in resolved] == ["resolved"]

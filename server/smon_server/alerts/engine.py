@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from smon_server.alerts.rules import Rule
 from smon_server.store import queries
-from smon_server.store.models import Alert, Silence
+from smon_server.store.models import Alert, AlertCounter, Silence
 
 OPEN = ("pending", "firing")
 _LOCK_KEY = 0x534D4F4E414C5254 & 0x7FFFFFFFFFFFFFFF  # "SMONALRT"
@@ -152,6 +152,39 @@ def conditions(
     return found
 
 
+def _dropping(
+    session: Session, rows: Sequence[queries.JobListRow], rules: Sequence[Rule], now: float
+) -> list[Condition]:
+    """Jobs whose agents' dropped-record counters grew within the rule's window."""
+    rule = next((r for r in rules if r.name == "agents_dropping_records" and r.enabled), None)
+    if rule is None or not rows:
+        return []
+    window = rule.threshold or 600.0
+    totals = queries.dropped_records(session=session, job_ids=[r.job.job_id for r in rows])
+    out = []
+    for job_id, total in totals.items():
+        seen = session.get(AlertCounter, (job_id, "dropped_records"))
+        if seen is None:
+            seen = AlertCounter(job_id=job_id, name="dropped_records", value=0, changed_at=0.0)
+            session.add(seen)
+        grown = max(0, total - seen.value)
+        if grown:
+            seen.value, seen.changed_at = total, now
+        if seen.changed_at and now - seen.changed_at < window:
+            out.append(
+                Condition(
+                    rule,
+                    job_id,
+                    "",
+                    rule.severity,
+                    f"Agents of job {job_id} are dropping records ({total} so far): "
+                    "SMon's view of it has gaps",
+                    {"dropped_records": total, "new_since_last_check": grown},
+                )
+            )
+    return out
+
+
 def _hang_evidence(session: Session, job_id: str) -> dict[str, Any]:
     """Where each rank stands, from the hang diagnosis of the job's stored analysis (which the
     loop refreshes as soon as a job stalls)."""
@@ -183,6 +216,7 @@ def evaluate(
         session=session, now=now, stall_seconds=stall_seconds, seen_since=now - horizon
     )
     found = conditions(rows, rules, now=now, stall_seconds=stall_seconds, session=session)
+    found += _dropping(session, rows, rules, now)
     holding = {c.key: c for c in found}
     open_alerts = {a.dedup_key: a for a in session.scalars(select(Alert).where(Alert.state.in_(OPEN)))}
     active_silences = session.scalars(select(Silence).where(Silence.ends_at > now)).all()

@@ -238,3 +238,15 @@ class Notification(Base):
     next_attempt_at: Mapped[float] = mapped_column(Double)
     sent_at: Mapped[float | None] = mapped_column(Double)
     last_error: Mapped[str] = mapped_column(String(1024), default="")
+
+
+class AlertCounter(Base):
+    """The last value the alert engine saw of a job's cumulative counter, and when it last grew:
+    what turns "agents dropped N records since they started" into "are dropping records now"."""
+
+    __tablename__ = "alert_counters"
+
+    job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger)
+    changed_at: Mapped[float] = mapped_column(Double)
