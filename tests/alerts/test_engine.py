@@ -11,7 +11,7 @@ from sqlalchemy import select
 from smon_server.alerts.engine import Transition, evaluate
 from smon_server.alerts.rules import DEFAULT_RULES, RulesError, load_rules
 from smon_server.store.db import Database
-from smon_server.store.models import Agent, Alert, AnalysisResult, Silence
+from smon_server.store.models import Agent, Alert, AnalysisResult, GpuSample, Silence
 from tests.factories import stored_job
 
 T0 = 1_800_000_000.0
@@ -229,3 +229,33 @@ def test_dropping_records_fires_while_the_counter_grows(db: Database) -> None:
     assert run(db, 300) == []  # still within the 10-minute window
     resolved = run(db, 10 + 600 + 300 + 1)  # no growth for the window, then keep_firing_for
     assert [t.kind for t in resolved] == ["resolved"]
+
+
+def test_gpu_faults_page_per_host(db: Database) -> None:
+    job(db, slowdown=1.0, recent_slowdown=1.0)
+    with db.transaction() as s:
+        for i, agent in enumerate(s.scalars(select(Agent).where(Agent.job_id == "j")).all()):
+            agent.host = f"node-{i}"
+        for t, (xids, ecc) in enumerate([([], 0), ([79], 0), ([], 0)]):  # rank 0: an XID 79
+            s.add(
+                GpuSample(
+                    job_id="j", rank=0, gpu_index=0, time=T0 - 100 + t, xid_events=xids, ecc_uncorrected=ecc
+                )
+            )
+        for t, ecc in enumerate([2, 2, 5]):  # rank 1: 3 new uncorrectable ECC errors
+            s.add(
+                GpuSample(
+                    job_id="j", rank=1, gpu_index=0, time=T0 - 100 + t, xid_events=[], ecc_uncorrected=ecc
+                )
+            )
+        s.add(
+            GpuSample(job_id="j", rank=1, gpu_index=0, time=T0 - 5000, xid_events=[13], ecc_uncorrected=0)
+        )  # too old
+    fired = run(db, 0)
+    by_key = {a.dedup_key: a for a in alerts(db) if a.rule == "gpu_fault"}
+    assert len(fired) == 2 and set(by_key) == {"smon/j/gpu_fault/node-0", "smon/j/gpu_fault/node-1"}
+    assert "XID 79" in by_key["smon/j/gpu_fault/node-0"].summary
+    assert (by_key["smon/j/gpu_fault/node-1"].details or {})["gpus"] == [
+        {"rank": 1, "xid": [], "ecc_uncorrected": 3}
+    ]
+    assert all(a.severity == "critical" for a in by_key.values())

@@ -185,6 +185,37 @@ def _dropping(
     return out
 
 
+def _gpu_faults(
+    session: Session, rows: Sequence[queries.JobListRow], rules: Sequence[Rule], now: float
+) -> list[Condition]:
+    rule = next((r for r in rules if r.name == "gpu_fault" and r.enabled), None)
+    running = [r.job.job_id for r in rows if r.live_state != "finished"]
+    if rule is None or not running:
+        return []
+    faults = queries.gpu_faults(session=session, job_ids=running, since=now - (rule.threshold or 600.0))
+    by_host: dict[tuple[str, str], list[tuple[int, list[int], int]]] = {}
+    for job_id, rank, host, xids, ecc in faults:
+        by_host.setdefault((job_id, host), []).append((rank, xids, ecc))
+    out = []
+    for (job_id, host), gpus in by_host.items():
+        what = "; ".join(
+            f"rank {rank}: "
+            + ", ".join([*(f"XID {x}" for x in xids), *([f"{ecc} uncorrectable ECC"] if ecc else [])])
+            for rank, xids, ecc in gpus
+        )
+        out.append(
+            Condition(
+                rule,
+                job_id,
+                host,
+                rule.severity,
+                f"GPU fault on {host or 'an unknown host'} in job {job_id}: {what}",
+                {"gpus": [{"rank": r, "xid": x, "ecc_uncorrected": e} for r, x, e in gpus]},
+            )
+        )
+    return out
+
+
 def _hang_evidence(session: Session, job_id: str) -> dict[str, Any]:
     """Where each rank stands, from the hang diagnosis of the job's stored analysis (which the
     loop refreshes as soon as a job stalls)."""
@@ -217,6 +248,7 @@ def evaluate(
     )
     found = conditions(rows, rules, now=now, stall_seconds=stall_seconds, session=session)
     found += _dropping(session, rows, rules, now)
+    found += _gpu_faults(session, rows, rules, now)
     holding = {c.key: c for c in found}
     open_alerts = {a.dedup_key: a for a in session.scalars(select(Alert).where(Alert.state.in_(OPEN)))}
     active_silences = session.scalars(select(Silence).where(Silence.ends_at > now)).all()

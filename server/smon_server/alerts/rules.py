@@ -47,6 +47,9 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     Rule("ranks_not_reporting", "warning", 0.0, 60.0),
     # A straggler whose GPU reports throttling (clocks, thermal / power slowdown): per host.
     Rule("gpu_unhealthy", "critical", 0.0, 120.0),
+    # A GPU reported an XID error or new uncorrectable ECC errors in the last `threshold` seconds:
+    # per host, whether or not it straggles yet (a failing GPU often hangs or crashes the job next).
+    Rule("gpu_fault", "critical", 0.0, 300.0, threshold=600.0),
     # The job's agents dropped records (send queue full) within the last `threshold` seconds: the
     # server is unreachable or too slow, and the analysis has gaps.
     Rule("agents_dropping_records", "warning", 0.0, 300.0, threshold=600.0),

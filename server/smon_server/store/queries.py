@@ -138,6 +138,36 @@ def silent_ranks(*, session: Session, job_id: str, before: float) -> list[tuple[
     return [(int(r), str(h)) for r, h in session.execute(stmt)]
 
 
+def gpu_faults(
+    *, session: Session, job_ids: Sequence[str], since: float
+) -> list[tuple[str, int, str, list[int], int]]:
+    """(job, rank, host, XID codes, uncorrectable ECC errors) of the GPUs that reported XID events
+    or a growing uncorrectable-ECC count since `since`."""
+    if not job_ids:
+        return []
+    stmt = (
+        select(GpuSample.job_id, GpuSample.rank, GpuSample.xid_events, GpuSample.ecc_uncorrected)
+        .where(GpuSample.job_id.in_(job_ids), GpuSample.time >= since)
+        .order_by(GpuSample.job_id, GpuSample.rank, GpuSample.time)
+    )
+    seen: dict[tuple[str, int], tuple[set[int], list[int]]] = {}
+    for job, rank, xids, ecc in session.execute(stmt):
+        codes, counts = seen.setdefault((job, int(rank)), (set(), []))
+        codes.update(int(x) for x in xids or [])
+        if ecc is not None:
+            counts.append(int(ecc))
+    hosts = {
+        (a.job_id, a.rank): a.host
+        for a in session.scalars(select(Agent).where(Agent.job_id.in_([j for j, _ in seen])))
+    }
+    out = []
+    for (job, rank), (codes, counts) in sorted(seen.items()):
+        ecc_new = (counts[-1] - counts[0]) if len(counts) > 1 else 0
+        if codes or ecc_new > 0:
+            out.append((job, rank, hosts.get((job, rank), ""), sorted(codes), ecc_new))
+    return out
+
+
 def firing_alerts(*, session: Session) -> dict[tuple[str, str], int]:
     """Firing incidents by (rule, severity), silenced ones included (they are still firing)."""
     stmt = select(Alert.rule, Alert.severity, func.count()).where(Alert.state == "firing")
