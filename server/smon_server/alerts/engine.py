@@ -161,13 +161,21 @@ def _dropping(
         return []
     window = rule.threshold or 600.0
     totals = queries.dropped_records(session=session, job_ids=[r.job.job_id for r in rows])
+    dropping = [job for job, total in totals.items() if total > 0]
+    counters = {
+        c.job_id: c
+        for c in session.scalars(
+            select(AlertCounter).where(
+                AlertCounter.name == "dropped_records", AlertCounter.job_id.in_(dropping)
+            )
+        )
+    }
     out = []
-    for job_id, total in totals.items():
-        seen = session.get(AlertCounter, (job_id, "dropped_records"))
+    for job_id in dropping:
+        total = totals[job_id]
+        seen = counters.get(job_id)
         if seen is None:
-            seen = AlertCounter(job_id=job_id, name="dropped_records", value=0, changed_at=0.0)
-            session.add(seen)
-        grown = max(0, total - seen.value)
+            grown = max(0, total - seen.value)
         if grown:
             seen.value, seen.changed_at = total, now
         if seen.changed_at and now - seen.changed_at < window:
