@@ -175,7 +175,9 @@ def _dropping(
         total = totals[job_id]
         seen = counters.get(job_id)
         if seen is None:
-            grown = max(0, total - seen.value)
+            seen = AlertCounter(job_id=job_id, name="dropped_records", value=0, changed_at=0.0)
+            session.add(seen)
+        grown = max(0, total - seen.value)
         if grown:
             seen.value, seen.changed_at = total, now
         if seen.changed_at and now - seen.changed_at < window:
