@@ -1,8 +1,10 @@
-"""A real Prometheus scrapes a real SMon server that stores a straggling job, reads S back through
-its HTTP API, and with the shipped rules loaded puts the straggling alert in `firing`."""
+"""A real Prometheus scrapes a real SMon server fed by a real straggling training job (2 gloo ranks
+under torchrun, rank 1 slow), reads S back through its HTTP API, and with the shipped rules loaded
+puts the straggling alert in `firing`."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -14,14 +16,15 @@ import httpx
 import pytest
 import yaml
 
-from smon_server.jobs.loop import analysis_pass
+from smon_server.demo import training_command
 from smon_server.runtime import BackgroundServer
 from tests import factories as f
-from tests.api.test_jobs import SLOW_RANK, push_job
 from tests.conftest import server_settings
+from tests.e2e.processes import run_job_command
+from tests.e2e.test_ddp_jobs import analysed_summary
 from tests.tools import debian_tool
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 
@@ -33,12 +36,21 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def smon(database_url: str) -> Iterator[tuple[BackgroundServer, str]]:
-    with BackgroundServer(server_settings(database_url, analysis_interval=3600)) as server:
+def smon(tmp_path: Path) -> Iterator[tuple[BackgroundServer, str]]:
+    url = f"sqlite:///{tmp_path / 'smon.db'}"
+    with BackgroundServer(server_settings(url, analysis_interval=3600)) as server:
         job = f.new_job_id("slow")
-        push_job(server, job, slow_rank=SLOW_RANK, slow_forward=0.03)
-        assert server.context is not None
-        analysis_pass(server.context, time.time())
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "SMON_DEMO_QUIET": "1",
+            "SMON_SERVER": server.grpc_target,
+            "SMON_JOB": job,
+        }
+        args = ["--steps", "40", "--device-ms", "30", "--slow-rank", "1", "--delay", "0.03"]
+        done = run_job_command(training_command(2, args, module="smon_server.demo.loop_train"), env, 300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        analysed_summary(server, job, steps=40)
         yield server, job
 
 
