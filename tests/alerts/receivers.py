@@ -19,6 +19,7 @@ class Receiver:
     statuses: list[int] = field(default_factory=list)  # answers to give, in order; then 200
     release: threading.Event = field(default_factory=threading.Event)  # cleared: requests stall
     stalled: int = 0
+    failures: int = 0  # requests answered with an error status
 
     def bodies(self, path: str) -> list[Any]:
         return [body for p, body in list(self.requests) if p == path]
@@ -47,6 +48,8 @@ def receiver() -> Iterator[Receiver]:
             status = state.statuses.pop(0) if state.statuses else 200
             if status < 300:
                 state.requests.append((self.path, body))
+            else:
+                state.failures += 1
             self.send_response(status)
             self.end_headers()
             self.wfile.write(b"ok" if status < 300 else b"boom")
