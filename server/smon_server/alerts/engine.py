@@ -114,42 +114,37 @@ def conditions(
                     },
                 )
             )
+        stragglers = result.recent_stragglers or []
         rule = by_name.get("gpu_unhealthy")
         if rule:
-            sick: dict[str, list[int]] = {}
-            for s_ in result.recent_stragglers or []:
-                if s_.get("cause") == "gpu_throttling":
-                    sick.setdefault(str(s_.get("host", "")), []).append(int(s_["rank"]))
-            for host, ranks in sick.items():
-                found.append(
-                    Condition(
-                        rule,
-                        job.job_id,
-                        host,
-                        rule.severity,
-                        f"GPU of rank(s) {', '.join(map(str, ranks))} on {host or '?'} throttles and slows "
-                        f"job {job.job_id}",
-                        {"ranks": ranks},
-                    )
-                )
+            sick = [x for x in stragglers if x.get("cause") == "gpu_throttling"]
+            found += _per_host(
+                rule, job.job_id, sick, "GPU of rank(s) {ranks} on {host} throttles and slows job {job}"
+            )
         rule = by_name.get("worker_straggling")
         if rule:
-            hosts: dict[str, list[int]] = {}
-            for s_ in result.recent_stragglers or []:
-                hosts.setdefault(str(s_.get("host", "")), []).append(int(s_["rank"]))
-            for host, ranks in hosts.items():
-                found.append(
-                    Condition(
-                        rule,
-                        job.job_id,
-                        host,
-                        rule.severity,
-                        f"Rank(s) {', '.join(map(str, ranks))} on {host or 'an unknown host'} "
-                        f"straggle in job {job.job_id}",
-                        {"ranks": ranks},
-                    )
-                )
+            found += _per_host(
+                rule, job.job_id, stragglers, "Rank(s) {ranks} on {host} straggle in job {job}"
+            )
     return found
+
+
+def _per_host(rule: Rule, job_id: str, stragglers: Sequence[dict[str, Any]], text: str) -> list[Condition]:
+    """One condition per host of `stragglers` ([{rank, host, cause}]), naming its ranks."""
+    hosts: dict[str, list[int]] = {}
+    for s in stragglers:
+        hosts.setdefault(str(s.get("host", "")), []).append(int(s["rank"]))
+    return [
+        Condition(
+            rule,
+            job_id,
+            host,
+            rule.severity,
+            text.format(ranks=", ".join(map(str, ranks)), host=host or "an unknown host", job=job_id),
+            {"ranks": ranks},
+        )
+        for host, ranks in hosts.items()
+    ]
 
 
 def _dropping(
