@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -65,7 +66,7 @@ def test_pagerduty_events_v2() -> None:
     assert p["custom_details"]["recommendation"] == "Drain node-1 and check its GPU"
     assert body["links"] == [{"href": MESSAGE.link, "text": "Job gpt in SMon"}]
     for event, action in (("acknowledged", "acknowledge"), ("resolved", "resolve")):
-        other = pd.payload(Message(**{**MESSAGE.__dict__, "event": event}))
+        other = pd.payload(replace(MESSAGE, event=event))
         assert other == {"routing_key": "rk-123", "event_action": action, "dedup_key": MESSAGE.dedup_key}
 
 
@@ -78,7 +79,7 @@ def test_slack_text_and_blocks() -> None:
     assert "1.42x" in fields and "30%" in fields and "rank 3 on node-1" in fields
     assert "Drain node-1" in body["blocks"][2]["text"]["text"]
     assert body["blocks"][3]["elements"][0]["url"] == MESSAGE.link
-    assert Slack("x").payload(Message(**{**MESSAGE.__dict__, "event": "acknowledged"})) is None
+    assert Slack("x").payload(replace(MESSAGE, event="acknowledged")) is None
 
 
 def test_webhook_has_alertmanagers_shape() -> None:
@@ -109,9 +110,7 @@ def test_webhook_has_alertmanagers_shape() -> None:
     }
     assert alert["labels"] == {"alertname": "job_straggling", "job": "gpt", "severity": "critical"}
     assert alert["startsAt"] == "2027-01-15T08:00:00Z" and alert["endsAt"] == ZERO_TIME
-    resolved = Webhook("h", "p").payload(
-        Message(**{**MESSAGE.__dict__, "event": "resolved", "resolved_at": 1_800_000_060.0})
-    )
+    resolved = Webhook("h", "p").payload(replace(MESSAGE, event="resolved", resolved_at=1_800_000_060.0))
     assert resolved is not None and resolved["status"] == "resolved"
     assert resolved["alerts"][0]["endsAt"] == "2027-01-15T08:01:00Z"
 
@@ -262,11 +261,10 @@ def test_a_slow_receiver_never_slows_analysis_and_a_restart_sends_nothing_twice(
         assert hook.requests == []
         hook.release.set()
         hook.wait_for("/pd", 1)
-    sent = len(hook.requests)
     with BackgroundServer(settings) as server:  # type: ignore[arg-type]
         assert server.context is not None
         analysis_pass(server.context, time.time())
         time.sleep(3)  # a few sender rounds
     pd = [b["event_action"] for b in hook.bodies("/pd")]
     assert pd.count("trigger") == 1  # not paged again after the restart
-    assert len(hook.requests) >= sent
+    assert len(hook.bodies("/slack")) <= 1 and len(hook.bodies("/hook")) <= 1  # no receiver got it twice

@@ -16,15 +16,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from smon_server.alerts.rules import Rule
 from smon_server.store import queries
+from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AlertCounter, Silence
 
 OPEN = ("pending", "firing")
-_LOCK_KEY = 0x534D4F4E414C5254 & 0x7FFFFFFFFFFFFFFF  # "SMONALRT"
+LEASE = "smon:alert-evaluation"  # one lease for the whole evaluation, beside the per-job ones
 
 
 @dataclass(frozen=True)
@@ -244,10 +245,8 @@ def evaluate(
     session: Session, *, now: float, rules: Sequence[Rule], stall_seconds: float, horizon: float
 ) -> list[Transition] | None:
     """Evaluate every rule once; None when another replica holds the evaluation lease."""
-    if session.get_bind().dialect.name == "postgresql":
-        got = session.execute(text("SELECT pg_try_advisory_xact_lock(:k)::text"), {"k": _LOCK_KEY}).scalar()
-        if got != "true":
-            return None
+    if not try_lease(session, LEASE):
+        return None
     rows = queries.exported_jobs(
         session=session, now=now, stall_seconds=stall_seconds, seen_since=now - horizon
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query
@@ -12,13 +12,14 @@ from sqlalchemy import select
 
 from smon_server.alerts import outbox
 from smon_server.api.deps import ApiTokenDep, ContextDep, DbDep
+from smon_server.api.schemas import utc
 from smon_server.store.models import Alert, Notification, Silence
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
 
 def _ts(seconds: float | None) -> datetime | None:
-    return None if seconds is None else datetime.fromtimestamp(seconds, tz=UTC)
+    return None if seconds is None else utc(seconds)
 
 
 class AlertOut(BaseModel):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import numpy as np
@@ -21,6 +20,7 @@ from smon_server.api.schemas import (
     WorkerOut,
     WorkersOut,
     WorkerStepOut,
+    utc,
 )
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import loop
@@ -33,10 +33,6 @@ from smon_server.whatif.config import WhatIfConfig
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
 STRAGGLING = WhatIfConfig().straggling_threshold
-
-
-def _ts(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 def _job_or_404(db: DbDep, job_id: str) -> Job:
@@ -89,12 +85,12 @@ def list_jobs(
                 slowdown=result.slowdown if result else None,
                 waste_fraction=result.waste_fraction if result else None,
                 gpu_hours_wasted=job.gpu_hours_wasted,
-                first_seen=_ts(job.first_seen),
-                last_seen=_ts(job.last_seen),
+                first_seen=utc(job.first_seen),
+                last_seen=utc(job.last_seen),
                 stragglers=result.stragglers if result else 0,
                 worst_rank=result.worst_rank if result else None,
                 leading_cause=(result.leading_cause or None) if result else None,
-                computed_at=_ts(result.computed_at) if result else None,
+                computed_at=utc(result.computed_at) if result else None,
             )
         )
     return JobsOut(jobs=out, total=total, limit=limit, offset=offset)
@@ -136,7 +132,7 @@ def summary(
         world_size=job.world_size,
         # The job's running total; another window reports its own figure.
         gpu_hours_wasted=job.gpu_hours_wasted if window.is_default else body.get("gpu_hours_wasted", 0.0),
-        computed_at=_ts(result["computed_at"]) if result.get("computed_at") else None,
+        computed_at=utc(result["computed_at"]) if result.get("computed_at") else None,
     )
     return SummaryOut.model_validate(body)
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+
+def utc(seconds: float) -> datetime:
+    """Unix seconds (how the store keeps time) as the API's timezone-aware datetime."""
+    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 class JobOut(BaseModel):

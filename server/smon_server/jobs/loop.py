@@ -13,14 +13,14 @@ import logging
 import threading
 import time
 
-from sqlalchemy import select, text
-from sqlalchemy.orm import Session
+from sqlalchemy import select
 
 from smon_server.alerts import engine as alert_engine
 from smon_server.alerts import outbox
 from smon_server.context import ServerContext
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import waste
+from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AnalysisResult, Job
 
 log = logging.getLogger(__name__)
@@ -79,15 +79,6 @@ def analysis_pass(context: ServerContext, now: float) -> int:
     return done
 
 
-def _try_lease(session: Session, job_id: str, *, wait: bool = False) -> bool:
-    """The job's analysis lease for this transaction; `wait` blocks until its holder commits."""
-    if session.get_bind().dialect.name != "postgresql":
-        return True
-    call = "pg_advisory_xact_lock" if wait else "pg_try_advisory_xact_lock"
-    got = session.execute(text(f"SELECT {call}(hashtextextended(:job, 0))::text"), {"job": job_id}).scalar()
-    return wait or got == "true"
-
-
 _local_leases: dict[str, threading.Lock] = {}
 _local_leases_guard = threading.Lock()
 
@@ -105,7 +96,7 @@ def analyse_one(context: ServerContext, job_id: str, now: float, *, state_change
     settings = context.settings
     with _local_lease(job_id), context.db.transaction() as session:
         # The API waits for a running analysis of the job (then usually finds it up to date).
-        if not _try_lease(session, job_id, wait=state_change_only):
+        if not try_lease(session, job_id, wait=state_change_only):
             return False
         job = session.get(Job, job_id)
         if job is None:

@@ -24,10 +24,6 @@ def get_job(*, session: Session, job_id: str) -> Job | None:
     return session.get(Job, job_id)
 
 
-def get_result(*, session: Session, job_id: str) -> AnalysisResult | None:
-    return session.get(AnalysisResult, job_id)
-
-
 def results_by_job(*, session: Session, job_ids: Sequence[str] | None = None) -> dict[str, AnalysisResult]:
     """Stored results with their scalar columns only (the views are deferred)."""
     stmt = select(AnalysisResult)
