@@ -145,6 +145,13 @@ def new_job_id(prefix: str = "job") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def _unique_key() -> int:
+    """An integer key for a row written straight to the store: SQLite has no identity column (the
+    server's writes.py assigns keys there), and on PostgreSQL a key far above the identity
+    sequence's cannot collide with the ones the server assigns."""
+    return 2**30 + uuid.uuid4().int % 2**30
+
+
 def stored_job(
     session: Any,
     job_id: str,
@@ -161,6 +168,7 @@ def stored_job(
     session.add(
         Job(
             job_id=job_id,
+            key=_unique_key(),
             world_size=max((a[0] for a in agents), default=0) + 1,
             first_seen=now - 5000,
             last_seen=now - seen_ago,
@@ -173,6 +181,7 @@ def stored_job(
         session.add(
             Agent(
                 agent_id=uuid.uuid4().hex,
+                key=_unique_key(),
                 job_id=job_id,
                 rank=rank,
                 first_seen=now - first_ago,

@@ -15,6 +15,7 @@ from smon.v1 import ingest_pb2 as pb
 from smon.v1 import ingest_pb2_grpc as pb_grpc
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Agent, GpuSample, IngestedBatch, Job, StepRecord
+from smon_server.store.step_window import read_window
 from tests import factories as f
 from tests.conftest import server_settings
 
@@ -53,10 +54,11 @@ def test_push_stores_steps_agent_job_and_gpu_samples(
         assert stored is not None and stored.world_size == 2 and stored.last_step == 2
         agent = session.scalars(select(Agent)).one()
         assert (agent.rank, agent.hb_phase, agent.hb_current_step) == (0, "forward", 3)
-        record = session.get(StepRecord, (job, 0, 1))
-        assert record is not None
-        assert record.phases["forward"] == pytest.approx(0.010)
-        assert [s[0] for s in record.spans] == [
+        assert stored.key is not None and agent.key is not None and agent.first_step == 0
+        record = read_window(session=session, job=stored, from_step=1, to_step=1)
+        assert list(record.rank) == [0] and list(record.step) == [1]
+        assert record.phase_table()["forward"][0] == pytest.approx(0.010)
+        assert [record.kinds[k] for k in record.span_kind] == [
             "data_wait",
             "forward",
             "backward",

@@ -29,7 +29,7 @@ def test_valid_batch_keeps_every_record_and_shifts_to_server_clock() -> None:
     assert [row["step"] for row in out.steps] == [0, 1]
     assert out.steps[0]["start_time"] == pytest.approx(f.T0 + 2.5)
     # span starts are stored relative to the step start, so the offset does not touch them
-    assert out.steps[0]["spans"][0][:2] == ["data_wait", 0.0]
+    assert out.steps[0]["spans"][0][:2] == ("data_wait", 0.0)
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from smon_server.columns import StepColumns
 from smon_server.jobs.analysis import _recent_from
 from smon_server.jobs.live import analyze_live, recent_stragglers
 from smon_server.whatif.config import WhatIfConfig
@@ -13,7 +14,7 @@ ROBUST = WhatIfConfig(estimator="robust")
 
 def test_an_onset_is_named_in_recent_before_the_window_notices() -> None:
     job = DdpJob(ranks=4, steps=200, extra_forward=lambda r, s: 0.020 if r == 2 and s >= 190 else 0.0)
-    table = build_op_table(simulate(job)[0])
+    table = build_op_table(StepColumns.from_rows(simulate(job)[0]))
     window = analyze_live(table, gpus=4, elapsed_hours=0.1, config=ROBUST)
     assert window.summary["stragglers"] == []  # 10 slow steps of 200 do not stand out
     recent = recent_stragglers(table, 190, config=ROBUST)
@@ -25,7 +26,7 @@ def test_an_onset_is_named_in_recent_before_the_window_notices() -> None:
 
 
 def test_healthy_recent_steps_name_nobody() -> None:
-    table = build_op_table(simulate(DdpJob(ranks=4, steps=60))[0])
+    table = build_op_table(StepColumns.from_rows(simulate(DdpJob(ranks=4, steps=60))[0]))
     recent = recent_stragglers(table, 50, config=ROBUST)
     assert recent is not None and recent["stragglers"] == []
     assert recent_stragglers(table, 1000, config=ROBUST) is None  # no such steps

@@ -9,10 +9,27 @@ S with the speed-up that removing the injected work really gives.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from smon_server.store.rows import StepRow
+
+@dataclass(frozen=True)
+class StepRow:
+    """One step record as rows (smon_server.columns.StepLike)."""
+
+    rank: int
+    step: int
+    dp_rank: int
+    pp_rank: int
+    tp_rank: int
+    start_time: float
+    duration: float
+    phases: Mapping[str, float]
+    spans: Sequence[Sequence[Any]]  # [kind, start (relative to step start), duration, mb, chunk]
+    seq_sum_sq: float = 0.0
+    microbatch_seq: Sequence[Sequence[Any]] = ()  # [mb, count, tokens, sum_sq, max_len]
+
 
 # Per (rank, step): extra seconds, or None.
 Injection = Callable[[int, int], float]

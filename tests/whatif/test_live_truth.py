@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from smon_server.columns import StepColumns
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.diagnosis import diagnose, stragglers
 from smon_server.whatif.engine import analyze
@@ -33,7 +34,7 @@ def truth_and_summary(job: DdpJob, config: WhatIfConfig = ROBUST) -> tuple[float
         gc_pause=lambda r, s: 0.0,
     )
     _, without = simulate(clean)
-    table = build_op_table(rows)
+    table = build_op_table(StepColumns.from_rows(rows))
     result = analyze(table, config=config)
     found = stragglers(table, result)
     found_json = [(int(result.worker_rank[s.dp_index, s.stage_index]), s.cause, s.evidence) for s in found]
@@ -127,7 +128,10 @@ def test_ordinary_jitter_is_not_straggling() -> None:
     assert s < 1.02  # ... and is not counted as straggling
     assert found == []
     assert out["diagnoses"] == []
-    off = analyze(build_op_table(simulate(job)[0]), config=WhatIfConfig(estimator="robust", jitter_sigmas=0))
+    off = analyze(
+        build_op_table(StepColumns.from_rows(simulate(job)[0])),
+        config=WhatIfConfig(estimator="robust", jitter_sigmas=0),
+    )
     assert off.slowdown == pytest.approx(result.replay_slowdown, rel=1e-9)
     assert off.noise_floor == pytest.approx(1.0)
 
@@ -163,7 +167,7 @@ def test_a_workers_bias_is_never_jitter() -> None:
 
 def test_varying_sequence_lengths_get_no_allowance() -> None:
     rows, _ = simulate(DdpJob(ranks=2, steps=30, jitter=_gaussian(0.004)))
-    table = build_op_table(rows)
+    table = build_op_table(StepColumns.from_rows(rows))
     varied = dataclasses.replace(
         table, seq_sq=np.where(table.op_type == table.code("forward-compute"), 1.0 + table.step % 3, np.nan)
     )
@@ -187,7 +191,7 @@ def test_pauses_that_take_turns_are_not_jitter() -> None:
     together = dataclasses.replace(turns, gc_pause=lambda r, s: 0.030 if s % 2 == 0 else 0.0)
     rows, t_turns = simulate(turns)
     _, t_together = simulate(together)
-    table = build_op_table(rows)
+    table = build_op_table(StepColumns.from_rows(rows))
     result = analyze(table, config=ROBUST)
     truth = t_turns / t_together
     assert truth > 1.2

@@ -28,6 +28,7 @@ from smon_server.jobs.liveness import JobState
 from smon_server.store import grids, queries
 from smon_server.store.models import Job
 from smon_server.store.queries import StepWindow
+from smon_server.store.step_window import read_window
 from smon_server.views import heatmap as heatmaps
 from smon_server.whatif.config import WhatIfConfig
 
@@ -222,9 +223,8 @@ def worker(
     lo, hi = queries.resolve_window(
         session=db, job_id=job_id, window=window, default_last=settings.analysis_window_steps
     )
-    records = [
-        r for r in queries.step_rows(session=db, job_id=job_id, from_step=lo, to_step=hi) if r.rank == rank
-    ]
+    records = read_window(session=db, job=job, from_step=lo, to_step=hi, rank=rank)
+    phases = records.phase_table()
     heartbeat = None
     if agent.hb_time is not None:
         heartbeat = {
@@ -247,12 +247,12 @@ def worker(
         last_heartbeat=heartbeat,
         steps=[
             WorkerStepOut(
-                step=r.step,
-                duration=r.duration,
-                phases={k: float(v) for k, v in r.phases.items()},
-                slowdown=per_step.get(r.step),
+                step=int(step),
+                duration=float(records.duration[i]),
+                phases={name: float(v[i]) for name, v in phases.items() if not np.isnan(v[i])},
+                slowdown=per_step.get(int(step)),
             )
-            for r in records
+            for i, step in enumerate(records.step)
         ],
         gpu=[GpuSampleOut.model_validate(s, from_attributes=True) for s in reversed(samples)],
     )

@@ -14,6 +14,8 @@ from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
 from smon.v1 import ingest_pb2 as pb
+from smon_server.columns import spans_from_phases
+from smon_server.store import codec
 from smon_server.store.rows import ValidBatch
 
 # Reasons (stable strings: they appear in Acks and in smon_ingest_rejected_total{reason}).
@@ -33,6 +35,7 @@ TOO_MANY_SPANS = "too_many_spans"
 BAD_NAME = "bad_name"
 DUPLICATE_STEP = "duplicate_step"
 NEGATIVE_VALUE = "negative_value"
+BAD_SPAN = "bad_span"  # a micro-batch or chunk number outside what a stored span holds
 
 MAX_NAME_LENGTH = 128
 MAX_JOB_LENGTH = 256
@@ -149,47 +152,39 @@ def _check_step(record: pb.StepRecord, limits: Limits) -> str | None:
     if len(record.spans) > limits.max_spans_per_step:
         return TOO_MANY_SPANS
     names = [*record.phases.keys(), *(span.kind for span in record.spans)]
-    if any(not name or len(name) > MAX_NAME_LENGTH for name in names):
+    if any(not name or len(name) > MAX_NAME_LENGTH or "\x00" in name for name in names):
         return BAD_NAME
+    for span in record.spans:
+        if not (-1 <= span.microbatch <= codec.MAX_MICROBATCH and 0 <= span.chunk <= codec.MAX_CHUNK):
+            return BAD_SPAN
+    if any(not -32768 <= m.microbatch <= codec.MAX_MICROBATCH for m in record.microbatch_seq):
+        return BAD_SPAN
     if not math.isfinite(record.seq.sum_sq) or record.seq.sum_sq < 0:
         return NON_FINITE
     return None
 
 
 def _step_row(record: pb.StepRecord, batch: ValidBatch, offset: float) -> dict[str, Any]:
-    coords = batch.coords
+    """The record as store/writes.py takes it: spans relative to the step's start (compact, and
+    independent of clock offsets) in start order, an enclosing span before those it contains."""
     start = record.start_time
+    spans = [
+        (s.kind, s.start - start, s.duration, s.microbatch if s.HasField("microbatch") else -1, s.chunk)
+        for s in record.spans
+    ] or spans_from_phases(record.phases)
+    spans.sort(key=lambda s: (s[1], -s[2]))
+    seq = record.seq
     return {
-        "job_id": batch.job_id,
-        "rank": coords.rank,
+        "rank": batch.coords.rank,
         "step": record.step,
-        "agent_id": batch.agent_id,
-        "dp_rank": coords.dp_rank,
-        "pp_rank": coords.pp_rank,
-        "tp_rank": coords.tp_rank,
         "start_time": start + offset,
-        "end_time": record.end_time + offset,
         "duration": record.duration,
-        "phases": dict(record.phases),
-        # Span starts relative to the step's start: compact, and independent of clock offsets.
-        "spans": [
-            [
-                s.kind,
-                round(s.start - start, 9),
-                s.duration,
-                s.microbatch if s.HasField("microbatch") else -1,
-                s.chunk,
-            ]
-            for s in record.spans
-        ],
-        "gc_count": record.gc_count,
+        "gc_count": min(record.gc_count, codec.MAX_GC_COUNT),
         "gc_seconds": record.gc_seconds,
-        "seq_count": record.seq.count,
-        "seq_tokens": record.seq.tokens,
-        "seq_sum_sq": record.seq.sum_sq,
-        "seq_max_len": record.seq.max_len,
-        "microbatch_seq": [
-            [m.microbatch, m.seq.count, m.seq.tokens, m.seq.sum_sq, m.seq.max_len]
+        "spans": spans,
+        "seq_total": (seq.count, seq.max_len, seq.tokens, seq.sum_sq) if seq.count else None,
+        "seq_microbatches": [
+            (m.microbatch, m.seq.count, m.seq.max_len, m.seq.tokens, m.seq.sum_sq)
             for m in record.microbatch_seq
         ],
     }

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
+from smon_server.columns import StepColumns
 from smon_server.jobs import live
 from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness, job_state
@@ -23,6 +24,7 @@ from smon_server.store import grids, queries
 from smon_server.store.grids import Grid
 from smon_server.store.models import Agent, AnalysisResult, Job
 from smon_server.store.queries import StepWindow
+from smon_server.store.step_window import read_window
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.from_steps import build_op_table, complete_steps
 from smon_server.whatif.signals import HangState
@@ -73,18 +75,14 @@ def analyze_job(
     # One step before the window: steps are cut at their last collective, and the window's
     # first step starts with the tail of the one before it (whatif/from_steps.py).
     before = lo - 1 if lo is not None else None
-    rows = complete_steps(queries.step_rows(session=session, job_id=job.job_id, from_step=before, to_step=hi))
-    ops = build_op_table(rows) if rows else None
+    records = read_window(session=session, job=job, from_step=before, to_step=hi)
+    complete = complete_steps(records)
+    ops = build_op_table(complete) if len(complete) else None
     if ops is not None:
         analysed = (ops.step >= (lo or 0)) & ~in_ranges(ops.step, warm)
         ops = ops.take(analysed) if analysed.any() else None
     steps_analysed = [int(x) for x in np.unique(ops.step)] if ops is not None else []
-    kept = set(steps_analysed)
-    times = [
-        t
-        for t in queries.step_times(session=session, job_id=job.job_id, from_step=lo, to_step=hi)
-        if t[0] in kept
-    ]
+    times = step_times(records, np.array(steps_analysed, dtype=np.int64))
     window_start = min((t[1] for t in times), default=None)
     window_end = max((t[2] for t in times), default=None)
     health = gpu_health(queries.gpu_samples(session=session, job_id=job.job_id, since=window_start), agents)
@@ -143,6 +141,23 @@ def analyze_job(
         "step_seconds": float(analysis.result.step_time.mean()) if analysis.result is not None else None,
         "top_workers": _top_workers(analysis.rank_overall, agents, settings.metrics_top_k),
     }
+
+
+def step_times(records: StepColumns, steps: np.ndarray) -> list[tuple[int, float, float]]:
+    """(step, first start, last end) over every rank's record of each of `steps`: the wall time
+    each step covered."""
+    mine = np.isin(records.step, steps)
+    if not mine.any():
+        return []
+    step = records.step[mine]
+    start = records.start_time[mine]
+    end = start + records.duration[mine]
+    order = np.argsort(step, kind="stable")
+    step, start, end = step[order], start[order], end[order]
+    first = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    lows = np.minimum.reduceat(start, first)
+    highs = np.maximum.reduceat(end, first)
+    return [(int(s), float(a), float(b)) for s, a, b in zip(step[first], lows, highs, strict=True)]
 
 
 def _top_workers(overall: dict[int, float], agents: Sequence[Agent], k: int) -> list[dict[str, Any]]:
@@ -235,15 +250,14 @@ def phase_heatmap(
     lo, hi = queries.resolve_window(
         session=session, job_id=job.job_id, window=window, default_last=default_last
     )
-    rows = queries.step_rows(session=session, job_id=job.job_id, from_step=lo, to_step=hi)
-    ranks = np.array(sorted({r.rank for r in rows}), dtype=np.int64)
-    steps = np.array(sorted({r.step for r in rows}), dtype=np.int64)
+    records = read_window(session=session, job=job, from_step=lo, to_step=hi)
+    ranks, rank_index = np.unique(records.rank, return_inverse=True)
+    steps, step_index = np.unique(records.step, return_inverse=True)
     values = np.full((ranks.size, steps.size), np.nan, dtype=np.float32)
-    for r in rows:
-        value = r.duration if metric == "step_time" else r.phases.get(metric)
-        if value is not None:
-            values[np.searchsorted(ranks, r.rank), np.searchsorted(steps, r.step)] = float(value)
-    return Grid(ranks, steps, values)
+    values[rank_index, step_index] = (
+        records.duration if metric == "step_time" else records.phase_seconds(metric)
+    )
+    return Grid(ranks.astype(np.int64), steps.astype(np.int64), values)
 
 
 def _hang_state(liveness: Liveness, stall_seconds: float) -> HangState | None:

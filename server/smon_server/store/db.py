@@ -11,6 +11,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from smon_server.store.kinds import SpanKinds
+
 
 def make_engine(database_url: str) -> Engine:
     url = make_url(database_url)
@@ -40,6 +42,7 @@ class Database:
         self.url = database_url
         self.engine = make_engine(database_url)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.kinds = SpanKinds()
 
     @property
     def is_postgres(self) -> bool:

@@ -9,7 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Double, Index, Integer, LargeBinary, String
+from sqlalchemy import (
+    JSON,
+    REAL,
+    BigInteger,
+    Boolean,
+    Double,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    SmallInteger,
+    String,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -25,6 +37,8 @@ class Job(Base):
     __tablename__ = "jobs"
 
     job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    # A small integer for the id in every step record (SQLite: assigned by store/writes.py).
+    key: Mapped[int] = mapped_column(Integer, Identity(), unique=True)
     world_size: Mapped[int] = mapped_column(Integer, default=0)
     dp_size: Mapped[int] = mapped_column(Integer, default=0)
     pp_size: Mapped[int] = mapped_column(Integer, default=1)
@@ -46,6 +60,7 @@ class Agent(Base):
     __table_args__ = (Index("ix_agents_job_rank", "job_id", "rank"),)
 
     agent_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[int] = mapped_column(Integer, Identity(), unique=True)  # as Job.key
     job_id: Mapped[str] = mapped_column(String(256))
     rank: Mapped[int] = mapped_column(Integer)
     local_rank: Mapped[int] = mapped_column(Integer, default=0)
@@ -63,6 +78,8 @@ class Agent(Base):
     dropped_records: Mapped[int] = mapped_column(BigInteger, default=0)
     errors: Mapped[int] = mapped_column(BigInteger, default=0)
     final: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The first step this incarnation reported: where the job started or restarted (warm-up).
+    first_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
     # The latest heartbeat: where this rank stands right now.
     hb_time: Mapped[float | None] = mapped_column(Double, default=None)
     hb_last_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
@@ -84,34 +101,40 @@ class IngestedBatch(Base):
     rejected: Mapped[int] = mapped_column(Integer, default=0)
 
 
+class SpanKind(Base):
+    """Span kind names (phases) as small integers: a step record stores codes, not repeated text."""
+
+    __tablename__ = "span_kinds"
+
+    code: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+
+
 class StepRecord(Base):
-    """One completed step on one rank. `spans` holds [kind, start, duration, microbatch, chunk]
-    rows with start relative to the step's start; `microbatch_seq` holds
-    [microbatch, count, tokens, sum_sq, max_len] rows."""
+    """One completed step on one rank, in about 150 bytes (docs/storage.md).
+
+    Keyed by the job's and the agent's integer keys; the rank's coordinates (dp / pp / tp) live
+    on its agent row. `spans` packs each timed operation into 14 bytes (store/codec.py: kind
+    code, micro-batch, chunk, start relative to the step's start and duration as float32);
+    phase totals are derived from the spans, not stored. On PostgreSQL the table is partitioned by
+    `start_time` (one partition per UTC day, store/partitions.py); the key includes it, as
+    partitioning requires, and a resent record has the same start, so it is still stored once.
+    """
 
     __tablename__ = "step_records"
-    __table_args__ = (Index("ix_step_records_job_step", "job_id", "step"),)
+    __table_args__ = ({"postgresql_partition_by": "RANGE (start_time)"},)
 
-    job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
-    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_key: Mapped[int] = mapped_column(Integer, primary_key=True)
     step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    agent_id: Mapped[str] = mapped_column(String(64))
-    dp_rank: Mapped[int] = mapped_column(Integer)
-    pp_rank: Mapped[int] = mapped_column(Integer)
-    tp_rank: Mapped[int] = mapped_column(Integer)
-    start_time: Mapped[float] = mapped_column(Double)
-    end_time: Mapped[float] = mapped_column(Double)
-    duration: Mapped[float] = mapped_column(Double)
-    phases: Mapped[dict[str, Any]] = mapped_column(JsonType)
-    spans: Mapped[list[Any]] = mapped_column(JsonType)
-    gc_count: Mapped[int] = mapped_column(Integer, default=0)
-    gc_seconds: Mapped[float] = mapped_column(Double, default=0.0)
-    seq_count: Mapped[int] = mapped_column(Integer, default=0)
-    seq_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    seq_sum_sq: Mapped[float] = mapped_column(Double, default=0.0)
-    seq_max_len: Mapped[int] = mapped_column(Integer, default=0)
-    microbatch_seq: Mapped[list[Any]] = mapped_column(JsonType)
-    received_at: Mapped[float] = mapped_column(Double)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    start_time: Mapped[float] = mapped_column(Double, primary_key=True)
+    duration: Mapped[float] = mapped_column(REAL)
+    agent_key: Mapped[int] = mapped_column(Integer)
+    gc_count: Mapped[int] = mapped_column(SmallInteger, default=0)
+    gc_seconds: Mapped[float] = mapped_column(REAL, default=0.0)
+    spans: Mapped[bytes] = mapped_column(LargeBinary)
+    seq_total: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    seq_microbatches: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
 
 
 class GpuSample(Base):

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import Select, case, exists, func, or_, select
+from sqlalchemy import Select, case, exists, func, or_, select, text
 from sqlalchemy.orm import Session, aliased
 
-from smon_server.store.models import Agent, Alert, AnalysisResult, GpuSample, Job, StepRecord
-from smon_server.store.rows import StepRow
+from smon_server.store.models import Agent, Alert, AnalysisResult, GpuSample, Job
 
 
 def list_jobs(*, session: Session, contains: str | None = None) -> Sequence[Job]:
@@ -231,9 +230,6 @@ def agents_by_job(*, session: Session) -> dict[str, list[Agent]]:
     return {job: list(ranks.values()) for job, ranks in out.items()}
 
 
-_Q = TypeVar("_Q", bound=Select)
-
-
 @dataclass(frozen=True)
 class StepWindow:
     """Which steps to look at: a range, or the `last` N steps seen; all unset means the default."""
@@ -247,71 +243,47 @@ class StepWindow:
         return self.from_step is None and self.to_step is None and self.last is None
 
 
+def job_key(*, session: Session, job_id: str) -> int | None:
+    key = session.scalar(select(Job.key).where(Job.job_id == job_id))
+    return None if key is None else int(key)
+
+
 def resolve_window(
     *, session: Session, job_id: str, window: StepWindow, default_last: int
 ) -> tuple[int | None, int | None]:
     """Step bounds of `window`: a range as given, else the newest `last` (or `default_last`)."""
     if window.from_step is not None or window.to_step is not None:
         return window.from_step, window.to_step
-    # Steps need not be contiguous (resumed jobs); take the N-th newest distinct step.
-    steps = session.scalars(
-        select(StepRecord.step)
-        .where(StepRecord.job_id == job_id)
-        .distinct()
-        .order_by(StepRecord.step.desc())
-        .limit(window.last or default_last)
-    ).all()
-    if not steps:
+    key = job_key(session=session, job_id=job_id)
+    if key is None:
         return None, None
-    return min(steps), max(steps)
-
-
-def _in_range(stmt: _Q, from_step: int | None, to_step: int | None) -> _Q:
-    if from_step is not None:
-        stmt = stmt.where(StepRecord.step >= from_step)
-    if to_step is not None:
-        stmt = stmt.where(StepRecord.step <= to_step)
-    return stmt
-
-
-def step_rows(
-    *, session: Session, job_id: str, from_step: int | None = None, to_step: int | None = None
-) -> list[StepRow]:
-    stmt = select(
-        StepRecord.rank,
-        StepRecord.step,
-        StepRecord.dp_rank,
-        StepRecord.pp_rank,
-        StepRecord.tp_rank,
-        StepRecord.start_time,
-        StepRecord.duration,
-        StepRecord.phases,
-        StepRecord.spans,
-        StepRecord.seq_sum_sq,
-        StepRecord.microbatch_seq,
-    ).where(StepRecord.job_id == job_id)
-    stmt = _in_range(stmt, from_step, to_step)
-    return [StepRow(*row) for row in session.execute(stmt.order_by(StepRecord.step, StepRecord.rank))]
-
-
-def step_times(
-    *, session: Session, job_id: str, from_step: int | None = None, to_step: int | None = None
-) -> list[tuple[int, float, float]]:
-    """(step, first start, last end) over all ranks: the wall time each step covered."""
-    stmt = (
-        select(StepRecord.step, func.min(StepRecord.start_time), func.max(StepRecord.end_time))
-        .where(StepRecord.job_id == job_id)
-        .group_by(StepRecord.step)
-        .order_by(StepRecord.step)
+    # Steps need not be contiguous (resumed jobs): the N-th newest distinct step, found by
+    # hopping down the (job_key, step, ...) key one distinct step at a time instead of reading
+    # every rank's record of every step.
+    found = (
+        session.execute(
+            text(
+                "WITH RECURSIVE s(step) AS ("
+                " SELECT max(step) FROM step_records WHERE job_key = :k"
+                " UNION ALL"
+                " SELECT (SELECT max(r.step) FROM step_records r WHERE r.job_key = :k AND r.step < s.step)"
+                " FROM s WHERE s.step IS NOT NULL"
+                ") SELECT step FROM s WHERE step IS NOT NULL LIMIT :n"
+            ),
+            {"k": key, "n": window.last or default_last},
+        )
+        .scalars()
+        .all()
     )
-    stmt = _in_range(stmt, from_step, to_step)
-    return [(int(s), float(a), float(b)) for s, a, b in session.execute(stmt)]
+    if not found:
+        return None, None
+    return int(min(found)), int(max(found))
 
 
 def restart_steps(*, session: Session, job_id: str) -> list[int]:
     """The first step each agent incarnation reported: where the job started or restarted."""
-    stmt = select(func.min(StepRecord.step)).where(StepRecord.job_id == job_id).group_by(StepRecord.agent_id)
-    return sorted({int(s) for s in session.scalars(stmt)})
+    stmt = select(Agent.first_step).where(Agent.job_id == job_id, Agent.first_step.is_not(None))
+    return sorted({int(s) for s in session.scalars(stmt) if s is not None})
 
 
 def gpu_samples(

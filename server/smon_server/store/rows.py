@@ -5,7 +5,6 @@ They live here, not with their producers or consumers, so that the store depends
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,20 +29,3 @@ class ValidBatch:
     @property
     def accepted(self) -> int:
         return len(self.steps) + len(self.gpu_samples)
-
-
-@dataclass(frozen=True)
-class StepRow:
-    """The columns of one stored step record the analysis reads."""
-
-    rank: int
-    step: int
-    dp_rank: int
-    pp_rank: int
-    tp_rank: int
-    start_time: float
-    duration: float
-    phases: Mapping[str, float]
-    spans: Sequence[Sequence[Any]]  # [kind, start (relative to step start), duration, mb, chunk]
-    seq_sum_sq: float = 0.0
-    microbatch_seq: Sequence[Sequence[Any]] = ()  # [mb, count, tokens, sum_sq, max_len]

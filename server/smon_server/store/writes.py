@@ -1,8 +1,9 @@
 """Write one validated batch in one transaction: a batch is acked only after this commits.
 
 The (agent_id, seq) row is inserted first; if it already exists the batch is a resend and nothing
-else is written. Step records are keyed by (job, rank, step) and inserted with ON CONFLICT DO
-NOTHING, so a record that reaches the server twice by any route is stored once. On PostgreSQL
+else is written. Step records are keyed by (job, step, rank, start) and inserted with ON CONFLICT
+DO NOTHING, so a record that reaches the server twice by any route is stored once. Their spans are
+packed (store/codec.py) with kind names turned into codes first (store/kinds.py). On PostgreSQL
 the rows go in with COPY into a temporary table, then one INSERT … SELECT … ON CONFLICT.
 """
 
@@ -13,35 +14,71 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, func, insert, text
+from sqlalchemy import case, func, insert, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from smon.v1 import ingest_pb2 as pb
+from smon_server.store import codec
+from smon_server.store.codec import MAX_KINDS
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, Base, GpuSample, IngestedBatch, Job, StepRecord
 from smon_server.store.rows import ValidBatch
 
-_JSON_COLUMNS = {"phases", "spans", "microbatch_seq", "xid_events"}
+_JSON_COLUMNS = {"xid_events"}
+TOO_MANY_KINDS = "too_many_kinds"
 
 
 @dataclass(frozen=True)
 class WriteResult:
     duplicate: bool
+    # Step records refused at write time (their span kind could not get a code: the dictionary
+    # is full), as Rejections for the Ack.
+    refused: tuple[pb.Rejection, ...] = ()
 
 
 def write_batch(db: Database, batch: ValidBatch, now: float) -> WriteResult:
+    codes = db.kinds.codes(db.transaction, {span[0] for row in batch.steps for span in row["spans"]})
+    steps, refused = [], []
+    for row in batch.steps:
+        if all(span[0] in codes for span in row["spans"]):
+            steps.append(row)
+        else:
+            detail = f"step {row['step']}: span kind dictionary full ({MAX_KINDS} names)"
+            refused.append(pb.Rejection(kind="step", index=-1, reason=TOO_MANY_KINDS, detail=detail))
     with db.transaction() as session:
         dialect = session.get_bind().dialect.name
         if not _claim_batch(session, dialect, batch, now):
             return WriteResult(duplicate=True)
-        _upsert_job(session, dialect, batch, now)
-        _upsert_agent(session, dialect, batch, now)
-        if batch.steps:
-            rows = [{**row, "received_at": now} for row in batch.steps]
+        job_key = _upsert_job(session, dialect, batch, now)
+        agent_key = _upsert_agent(session, dialect, batch, now)
+        if steps:
+            rows = [_step_record(row, codes, job_key, agent_key) for row in steps]
             _insert_ignoring_conflicts(session, dialect, StepRecord, rows)
         if batch.gpu_samples:
             _insert_ignoring_conflicts(session, dialect, GpuSample, batch.gpu_samples)
-    return WriteResult(duplicate=False)
+    return WriteResult(duplicate=False, refused=tuple(refused))
+
+
+def _step_record(row: dict[str, Any], codes: dict[str, int], job_key: int, agent_key: int) -> dict[str, Any]:
+    return {
+        "job_key": job_key,
+        "step": row["step"],
+        "rank": row["rank"],
+        "start_time": row["start_time"],
+        "duration": row["duration"],
+        "agent_key": agent_key,
+        "gc_count": row["gc_count"],
+        "gc_seconds": row["gc_seconds"],
+        "spans": codec.pack_spans([(codes[k], a, d, mb, ch) for k, a, d, mb, ch in row["spans"]]),
+        "seq_total": codec.pack_seq_total(row["seq_total"]),
+        "seq_microbatches": codec.pack_seq_microbatches(row["seq_microbatches"]),
+    }
+
+
+def _next_key(model: type[Job] | type[Agent]) -> Any:
+    """SQLite has no identity columns: the next key, safe since SQLite serialises writers."""
+    return select(func.coalesce(func.max(model.key), 0) + 1).scalar_subquery()
 
 
 def _dialect_insert(dialect: str, table: Any) -> Any:
@@ -51,6 +88,11 @@ def _dialect_insert(dialect: str, table: Any) -> Any:
 def _greatest(dialect: str, a: Any, b: Any) -> Any:
     """The larger of two values, treating NULL as absent on both databases."""
     fn = func.greatest if dialect == "postgresql" else func.max
+    return fn(func.coalesce(a, b), func.coalesce(b, a))
+
+
+def _least(dialect: str, a: Any, b: Any) -> Any:
+    fn = func.least if dialect == "postgresql" else func.min
     return fn(func.coalesce(a, b), func.coalesce(b, a))
 
 
@@ -71,7 +113,7 @@ def _claim_batch(session: Session, dialect: str, batch: ValidBatch, now: float) 
     return session.execute(stmt).first() is not None
 
 
-def _upsert_job(session: Session, dialect: str, batch: ValidBatch, now: float) -> None:
+def _upsert_job(session: Session, dialect: str, batch: ValidBatch, now: float) -> int:
     coords = batch.coords
     last_step = max((row["step"] for row in batch.steps), default=None)
     values: dict[str, Any] = {
@@ -86,6 +128,8 @@ def _upsert_job(session: Session, dialect: str, batch: ValidBatch, now: float) -
         "last_step_seen": now if batch.steps else None,
         "gpu_hours_wasted": 0.0,
     }
+    if dialect != "postgresql":
+        values["key"] = _next_key(Job)
     stmt = _dialect_insert(dialect, Job).values(**values)
     excluded = stmt.excluded
     update: dict[str, Any] = {
@@ -98,10 +142,11 @@ def _upsert_job(session: Session, dialect: str, batch: ValidBatch, now: float) -
     }
     if batch.steps:
         update["last_step_seen"] = _greatest(dialect, Job.last_step_seen, excluded.last_step_seen)
-    session.execute(stmt.on_conflict_do_update(index_elements=[Job.job_id], set_=update))
+    upsert = stmt.on_conflict_do_update(index_elements=[Job.job_id], set_=update).returning(Job.key)
+    return int(session.execute(upsert).scalar_one())
 
 
-def _upsert_agent(session: Session, dialect: str, batch: ValidBatch, now: float) -> None:
+def _upsert_agent(session: Session, dialect: str, batch: ValidBatch, now: float) -> int:
     coords = batch.coords
     values: dict[str, Any] = {
         "agent_id": batch.agent_id,
@@ -122,8 +167,11 @@ def _upsert_agent(session: Session, dialect: str, batch: ValidBatch, now: float)
         "dropped_records": batch.counters.dropped_records if batch.counters else 0,
         "errors": batch.counters.errors if batch.counters else 0,
         "final": batch.final,
+        "first_step": min((row["step"] for row in batch.steps), default=None),
         "hb_phase": "",
     }
+    if dialect != "postgresql":
+        values["key"] = _next_key(Agent)
     hb = batch.heartbeat
     if hb is not None:
         values.update(
@@ -143,6 +191,7 @@ def _upsert_agent(session: Session, dialect: str, batch: ValidBatch, now: float)
         # Counters are cumulative on the agent; a resent older batch must not move them back.
         "dropped_records": _greatest(dialect, Agent.dropped_records, excluded.dropped_records),
         "errors": _greatest(dialect, Agent.errors, excluded.errors),
+        "first_step": _least(dialect, Agent.first_step, excluded.first_step),
     }
     if batch.final:
         update["final"] = excluded.final
@@ -152,7 +201,8 @@ def _upsert_agent(session: Session, dialect: str, batch: ValidBatch, now: float)
         for column in ("hb_time", "hb_last_step", "hb_current_step", "hb_phase", "hb_phase_since"):
             current = getattr(Agent, column)
             update[column] = case((newer, getattr(excluded, column)), else_=current)
-    session.execute(stmt.on_conflict_do_update(index_elements=[Agent.agent_id], set_=update))
+    upsert = stmt.on_conflict_do_update(index_elements=[Agent.agent_id], set_=update).returning(Agent.key)
+    return int(session.execute(upsert).scalar_one())
 
 
 def _insert_ignoring_conflicts(

@@ -1,7 +1,6 @@
-"""Turn stored agent step records into the engine's operation table.
+"""Turn stored agent step records (as columns) into the engine's operation table.
 
-Each span an agent timed becomes one operation of the matching op type (DESIGN §5). Three things
-happen on the way:
+Each span an agent timed becomes one operation of the matching op type (DESIGN §5). On the way:
 - A span nested in another (a GC pause inside forward, a custom phase inside a step phase) is
   carved out of the enclosing op, which keeps only its exclusive time: no double counting.
 - Every stretch of the step no span covers becomes a `host` op (untimed host work: logging,
@@ -12,21 +11,20 @@ happen on the way:
   every other rank, so it is replayed as the start of that next step. The collective ends at the
   same instant on every rank, so every rank's replayed step then starts together, as the replay
   assumes. The first step of each run of consecutive steps only lends its tail to the next one
-  (its own start is not in the rows), so callers pass one step before the window they want. A
+  (its own start is not in the window), so callers pass one step before the window they want. A
   job without collectives keeps the agent's boundaries (the optimizer step).
 - TP peers of one worker run in lockstep: only the lowest tp_rank of each (dp_rank, stage) worker
   is kept for the simulation (the per-rank heatmap still reads every rank's records).
-Records with no spans (an agent that only reports phase totals) get their phases laid end to end
-from the step's start in the canonical order.
+
+Everything is array arithmetic over all records and spans at once (a 4,096-rank window holds tens
+of millions of spans); Python loops run over op types and span positions only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
-
 import numpy as np
 
+from smon_server.columns import StepColumns, segment_starts, segmented_running_max
 from smon_server.whatif import ops as O
 from smon_server.whatif.ops import OpTable
 
@@ -44,185 +42,270 @@ SPAN_OP_TYPES: dict[str, str] = {
     "backward_send": O.BACKWARD_SEND,
     "backward_recv": O.BACKWARD_RECV,
 }
-# Phase-only records: the order a training step runs its phases in.
-PHASE_ORDER = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "checkpoint")
-
-
-class StepLike(Protocol):
-    """The fields of one stored step record the engine reads (the store's `StepRow` has them)."""
-
-    @property
-    def rank(self) -> int: ...
-    @property
-    def step(self) -> int: ...
-    @property
-    def dp_rank(self) -> int: ...
-    @property
-    def pp_rank(self) -> int: ...
-    @property
-    def tp_rank(self) -> int: ...
-    @property
-    def start_time(self) -> float: ...
-    @property
-    def duration(self) -> float: ...
-    @property
-    def phases(self) -> Mapping[str, float]: ...
-    @property
-    def spans(self) -> Sequence[Sequence[Any]]: ...
-    @property
-    def seq_sum_sq(self) -> float: ...
-    @property
-    def microbatch_seq(self) -> Sequence[Sequence[Any]]: ...
-
-
-Row = TypeVar("Row", bound=StepLike)
-
-
-def complete_steps(rows: Iterable[Row]) -> list[Row]:
-    """Keep the steps every reporting worker has finished (the newest step is often partial)."""
-    rows = list(rows)
-    workers = {(r.dp_rank, r.pp_rank) for r in rows}
-    per_step: dict[int, set[tuple[int, int]]] = {}
-    for r in rows:
-        per_step.setdefault(r.step, set()).add((r.dp_rank, r.pp_rank))
-    full = {step for step, seen in per_step.items() if len(seen) == len(workers)}
-    return [r for r in rows if r.step in full]
-
-
-def build_op_table(rows: Iterable[StepLike]) -> OpTable:
-    names: dict[str, int] = {}
-    host_ids: dict[tuple[str, int], int] = {}  # (op type it precedes, its occurrence) -> host seq_id
-    lead_tp: dict[tuple[int, int], int] = {}
-    rows = list(rows)
-    for r in rows:
-        key = (r.dp_rank, r.pp_rank)
-        lead_tp[key] = min(lead_tp.get(key, r.tp_rank), r.tp_rank)
-
-    cols: dict[str, list[Any]] = {name: [] for name in OpTable.COLUMNS}
-    lead = sorted(
-        (r for r in rows if r.tp_rank == lead_tp[(r.dp_rank, r.pp_rank)]), key=lambda r: (r.rank, r.step)
-    )
-    # The previous step's tail: ops after its last collective (absolute times), which rank and
-    # step it belongs to, and where it starts (that collective's end).
-    carry: list[_Op] = []
-    carried_by: tuple[int, int] | None = None
-    carry_start = 0.0
-    for r in lead:
-        mb_sq = {int(m[0]): float(m[3]) for m in r.microbatch_seq}
-        own = [(t, r.start_time + a, d, mb, ch, r.start_time + e) for t, a, d, mb, ch, e in _operations(r)]
-        continues = carried_by == (r.rank, r.step - 1)
-        window_start, ops = (carry_start, carry + own) if continues else (r.start_time, own)
-        cut = max((e for t, _, _, _, _, e in own if t in O.COLLECTIVE_OP_TYPES), default=None)
-        if cut is None:  # no collective seen: the agent's own step boundary
-            window_end, carry, carried_by = r.start_time + float(r.duration), [], None
-        else:
-            window_end = cut
-            carry = [op for op in ops if op[1] >= cut]
-            ops = [op for op in ops if op[1] < cut]
-            carried_by, carry_start = (r.rank, r.step), cut
-            if not continues:  # its start is cut off (the window's first step): only feeds the next
-                continue
-        relative = [(t, a - window_start, d, mb, ch, e - window_start) for t, a, d, mb, ch, e in ops]
-        for op in _with_host_work(relative, window_end - window_start):
-            op_type, start, duration, microbatch, chunk, seq_id, precedes = op
-            code = names.setdefault(op_type, len(names))
-            if op_type == O.HOST:  # named by the op it precedes, so steps with and without it align
-                seq_id = host_ids.setdefault((precedes, seq_id), len(host_ids))
-            cols["dp_rank"].append(r.dp_rank)
-            cols["stage"].append(r.pp_rank)
-            cols["step"].append(r.step)
-            cols["op_type"].append(code)
-            cols["seq_id"].append(seq_id)
-            cols["chunk"].append(chunk)
-            cols["microbatch"].append(microbatch)
-            cols["start"].append(window_start + start)
-            cols["duration"].append(duration)
-            cols["rank"].append(r.rank)
-            cols["seq_sq"].append(_seq_sq(op_type, microbatch, mb_sq, r.seq_sum_sq))
-
-    arrays = {name: np.asarray(cols[name], dtype=dtype) for name, dtype in OpTable.COLUMNS.items()}
-    return OpTable(op_types=tuple(names), ends_at_last_op=True, **arrays)
-
-
-def _seq_sq(op_type: str, microbatch: int, per_mb: dict[int, float], step_sq: float) -> float:
-    if op_type not in (O.FORWARD_COMPUTE, O.BACKWARD_COMPUTE):
-        return float("nan")
-    if microbatch >= 0 and microbatch in per_mb:
-        return per_mb[microbatch]
-    if microbatch < 0 and step_sq > 0:
-        return step_sq
-    return float("nan")
-
-
-# (op type, start relative to the step, exclusive duration, microbatch, chunk, end of its interval)
-_Op = tuple[str, float, float, int, int, float]
-# What build_op_table consumes: (op type, start, duration, microbatch, chunk, seq_id, precedes)
-_Numbered = tuple[str, float, float, int, int, int, str]
 
 # Gaps shorter than this between timed phases are timer noise, not host work.
-MIN_HOST_GAP = 1e-6
+MIN_HOST_GAP = 2e-6
+# A span that ends this little past its enclosing span still counts as nested in it.
+NEST_SLACK = 1e-9
+# The store keeps span offsets and durations as float32 (relative error 6e-8): comparisons of
+# times within a step allow a few units of that on top of the absolute slacks.
+F32_SLACK = 2.5e-7
+_TAIL = "<end>"  # a host op at the end of a step is named by this instead of an op it precedes
 
 
-def _with_host_work(ops: list[_Op], step_duration: float) -> list[_Numbered]:
-    """Number each op type's occurrences and add a `host` op for every stretch of the step that no
-    timed op covers: every second of the step is then in some op, so the replay is the real step.
-
-    A host op's seq_id is the occurrence of the op it precedes (the tail: of the step's end), so
-    rank 0's occasional evaluation or a sleep before each micro-step's forward line up across
-    steps and workers; the caller renumbers (op type, occurrence) pairs into dense seq_ids."""
-    out: list[_Numbered] = []
-    counts: dict[str, int] = {}
-    cursor = 0.0
-    for op_type, start, duration, microbatch, chunk, end in ops:
-        occurrence = counts.get(op_type, 0)
-        counts[op_type] = occurrence + 1
-        if start - cursor > MIN_HOST_GAP:
-            out.append((O.HOST, cursor, start - cursor, -1, 0, occurrence, op_type))
-        out.append((op_type, start, duration, microbatch, chunk, occurrence, ""))
-        cursor = max(cursor, end)
-    if step_duration - cursor > MIN_HOST_GAP:
-        out.append((O.HOST, cursor, step_duration - cursor, -1, 0, 0, "<end>"))
-    return out
+def complete_steps(cols: StepColumns) -> StepColumns:
+    """Keep the steps every reporting worker has finished (the newest step is often partial)."""
+    if not len(cols):
+        return cols
+    worker = _worker_ids(cols)
+    steps, step_index = np.unique(cols.step, return_inverse=True)
+    pairs = np.unique(step_index.astype(np.int64) * (int(worker.max()) + 1) + worker)
+    per_step = np.bincount(pairs // (int(worker.max()) + 1), minlength=steps.size)
+    return cols.take(per_step[step_index] == int(worker.max()) + 1)
 
 
-def _operations(r: StepLike) -> list[_Op]:
-    """The record's timed operations in start order, each with its *exclusive* duration: time
-    spent in a phase nested inside it (a GC pause, a custom phase inside forward) is carved out of
-    the enclosing op, so the replay does not count it twice."""
-    if not r.spans:
-        out: list[_Op] = []
-        offset = 0.0
-        ordered = [p for p in PHASE_ORDER if p in r.phases]
-        ordered += sorted(p for p in r.phases if p not in PHASE_ORDER and p not in ("gc", "other"))
-        for phase in ordered:
-            duration = float(r.phases[phase])
-            out.append((SPAN_OP_TYPES.get(phase, phase), offset, duration, -1, 0, offset + duration))
-            offset += duration
-        return out
+def build_op_table(cols: StepColumns) -> OpTable:
+    cols = _lead_tp(cols)
+    order = np.lexsort((cols.step, cols.rank))
+    if not np.array_equal(order, np.arange(order.size)):
+        cols = cols.take(order)
+    spans = _Spans.sorted_from(cols)
+    excl = _exclusive_durations(spans)
 
-    spans = sorted(
-        ((str(s[0]), float(s[1]), float(s[2]), int(s[3]), int(s[4])) for s in r.spans),
-        key=lambda s: (s[1], -s[2]),  # an enclosing span before the ones it contains
+    # Op types: one name per span kind.
+    kind_op = [SPAN_OP_TYPES.get(kind, kind) for kind in cols.kinds]
+    names = sorted({*kind_op, O.HOST})
+    name_code = {name: i for i, name in enumerate(names)}
+    kind_code = np.array([name_code[n] for n in kind_op], dtype=np.int64).reshape(-1)
+    collective_kind = np.array([n in O.COLLECTIVE_OP_TYPES for n in kind_op], dtype=bool).reshape(-1)
+    op = kind_code[spans.kind] if spans.kind.size else np.zeros(0, dtype=np.int64)
+    collective = collective_kind[spans.kind] if spans.kind.size else np.zeros(0, dtype=bool)
+
+    # Step windows: record r's replayed step runs from the previous step's cut (its last
+    # collective's end) when it continues a run, else from its own start, to its own cut (or end).
+    n = len(cols)
+    abs_start = cols.start_time[spans.record] + spans.start
+    abs_end = abs_start + spans.duration
+    cut = _max_per_segment(abs_end[collective], spans.record[collective], n, -np.inf)
+    has_cut = np.isfinite(cut)
+    continues = np.zeros(n, dtype=bool)
+    if n > 1:
+        continues[1:] = (
+            (cols.rank[1:] == cols.rank[:-1]) & (cols.step[1:] == cols.step[:-1] + 1) & has_cut[:-1]
+        )
+    window_start = np.where(continues, np.r_[0.0, cut[:-1]] if n else cut, cols.start_time)
+    window_end = np.where(has_cut, cut, cols.start_time + cols.duration)
+    emitted = continues | ~has_cut
+
+    # Each span goes to its record's window, or (at or after the cut) to the next record's.
+    cut_slack = F32_SLACK * np.abs(cut - cols.start_time)
+    after_cut = has_cut[spans.record] & (abs_start >= (cut - cut_slack)[spans.record])
+    window = spans.record + after_cut
+    next_continues = np.r_[continues[1:], False] if n else continues
+    keep = np.where(after_cut, next_continues[spans.record], emitted[spans.record])
+    window, op, excl = window[keep], op[keep], excl[keep]
+    rel_start = abs_start[keep] - window_start[window]
+    rel_end = abs_end[keep] - window_start[window]
+    microbatch, chunk = spans.microbatch[keep], spans.chunk[keep]
+
+    occurrence = _occurrences(op, window, len(names))
+    # Untimed host work: the gap before each op (from the furthest end reached so far in its
+    # window) and after the window's last op.
+    first = segment_starts(window)
+    reach = segmented_running_max(rel_end, window)
+    cursor = np.maximum(np.r_[0.0, reach[:-1]] if reach.size else reach, 0.0)
+    cursor[first] = 0.0
+    host_before = rel_start - cursor > MIN_HOST_GAP + F32_SLACK * np.abs(rel_start)
+    final = np.maximum(_max_per_segment(rel_end, window, n, 0.0), 0.0)
+    length = window_end - window_start
+    tail = emitted & (length - final > MIN_HOST_GAP + F32_SLACK * np.abs(length))
+
+    # Rows in replay order: per window, each op preceded by its host gap, then the tail.
+    per_op = 1 + host_before.astype(np.int64)
+    window_rows = np.bincount(window, weights=per_op, minlength=n).astype(np.int64) + tail
+    window_offset = np.cumsum(window_rows) - window_rows
+    before_in_window = np.cumsum(per_op) - per_op
+    if window.size:
+        before_in_window -= (np.cumsum(per_op) - per_op)[first][np.cumsum(first) - 1]
+    op_row = window_offset[window] + before_in_window + host_before
+    host_row = op_row[host_before] - 1
+    tail_windows = np.flatnonzero(tail)
+    tail_row = window_offset[tail_windows] + window_rows[tail_windows] - 1
+    total = int(window_rows.sum())
+
+    record = np.empty(total, dtype=np.int64)
+    out_op = np.empty(total, dtype=np.int64)
+    out_seq = np.empty(total, dtype=np.int64)
+    out_start = np.empty(total)
+    out_duration = np.empty(total)
+    out_mb = np.full(total, -1, dtype=np.int64)
+    out_chunk = np.zeros(total, dtype=np.int64)
+    record[op_row], record[host_row], record[tail_row] = window, window[host_before], tail_windows
+    host_code = name_code[O.HOST]
+    out_op[op_row], out_op[host_row], out_op[tail_row] = op, host_code, host_code
+    out_start[op_row] = rel_start
+    out_start[host_row] = cursor[host_before]
+    out_start[tail_row] = final[tail_windows]
+    out_duration[op_row] = excl
+    out_duration[host_row] = (rel_start - cursor)[host_before]
+    out_duration[tail_row] = (length - final)[tail_windows]
+    out_mb[op_row], out_chunk[op_row] = microbatch, chunk
+    out_seq[op_row] = occurrence
+    # A host op is named by the op it precedes and that op's occurrence, so rank 0's occasional
+    # evaluation or a sleep before each micro-step's forward line up across steps and workers;
+    # the pairs are numbered densely in order of first appearance.
+    host_key = np.full(total, -1, dtype=np.int64)
+    stride = int(occurrence.max()) + 2 if occurrence.size else 2
+    host_key[host_row] = op[host_before] * stride + occurrence[host_before]
+    host_key[tail_row] = len(names) * stride
+    is_host = out_op == host_code
+    out_seq[is_host] = _first_appearance_rank(host_key[is_host])
+    op_types, renumber = _renumber_by_first_appearance(out_op, names)
+
+    return OpTable(
+        op_types=op_types,
+        dp_rank=cols.dp_rank[record].astype(np.int32),
+        stage=cols.pp_rank[record].astype(np.int32),
+        step=cols.step[record].astype(np.int64),
+        op_type=renumber[out_op].astype(np.int16),
+        seq_id=out_seq.astype(np.int32),
+        chunk=out_chunk.astype(np.int16),
+        microbatch=out_mb.astype(np.int16),
+        start=window_start[record] + out_start,
+        duration=out_duration,
+        rank=cols.rank[record].astype(np.int32),
+        seq_sq=_seq_sq(cols, record, out_op, out_mb, name_code),
+        ends_at_last_op=True,
     )
-    out = []
-    for i, (kind, start, duration, microbatch, chunk) in enumerate(spans):
-        end = start + duration
-        nested = []
-        for _, c_start, c_duration, _, _ in spans[i + 1 :]:  # sorted: children follow their parent
-            if c_start >= end:
-                break
-            if c_start + c_duration <= end + 1e-9:
-                nested.append((c_start, c_start + c_duration))
-        exclusive = max(0.0, duration - _union_length(nested)) if nested else duration
-        out.append((SPAN_OP_TYPES.get(kind, kind), start, exclusive, microbatch, chunk, end))
+
+
+def _max_per_segment(values: np.ndarray, segment: np.ndarray, n: int, empty: float) -> np.ndarray:
+    """Per segment id in [0, n), the maximum of its `values` (contiguous, sorted ids), else `empty`."""
+    out = np.full(n, empty)
+    if values.size:
+        first = np.flatnonzero(segment_starts(segment))
+        out[segment[first]] = np.maximum.reduceat(values, first)
     return out
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, reach = 0.0, -np.inf
-    for lo, hi in sorted(intervals):
-        if hi <= reach:
+def _worker_ids(cols: StepColumns) -> np.ndarray:
+    """A dense id per (dp_rank, stage) worker."""
+    key = cols.dp_rank.astype(np.int64) * (1 << 32) + cols.pp_rank.astype(np.int64)
+    return np.unique(key, return_inverse=True)[1].ravel()
+
+
+def _lead_tp(cols: StepColumns) -> StepColumns:
+    """Only the lowest tp_rank of each (dp_rank, stage) worker: TP peers run in lockstep."""
+    if not len(cols) or not cols.tp_rank.any():
+        return cols
+    worker = _worker_ids(cols)
+    lead = np.full(int(worker.max()) + 1, np.iinfo(np.int64).max)
+    np.minimum.at(lead, worker, cols.tp_rank.astype(np.int64))
+    keep = cols.tp_rank == lead[worker]
+    return cols if keep.all() else cols.take(keep)
+
+
+class _Spans:
+    """The spans of sorted records, each record's in start order (an enclosing span before the
+    ones it contains: longer first on equal starts)."""
+
+    def __init__(self, cols: StepColumns, order: np.ndarray | None) -> None:
+        pick = (lambda a: a) if order is None else (lambda a: a[order])
+        self.record = pick(cols.span_record)
+        self.kind = pick(cols.span_kind)
+        self.start = pick(cols.span_start)
+        self.duration = pick(cols.span_duration)
+        self.microbatch = pick(cols.span_microbatch)
+        self.chunk = pick(cols.span_chunk)
+
+    @classmethod
+    def sorted_from(cls, cols: StepColumns) -> _Spans:
+        record, start, duration = cols.span_record, cols.span_start, cols.span_duration
+        same = record[1:] == record[:-1]
+        in_order = (start[1:] > start[:-1]) | ((start[1:] == start[:-1]) & (duration[1:] <= duration[:-1]))
+        if bool(np.all(in_order | ~same)):  # the store keeps them sorted: usually nothing to do
+            return cls(cols, None)
+        return cls(cols, np.lexsort((-duration, start, record)))
+
+
+def _exclusive_durations(spans: _Spans) -> np.ndarray:
+    """Each span's duration minus the union of the later spans of its record contained in it (a GC
+    pause inside forward, a custom phase inside backward), so no second is replayed twice.
+
+    Spans are in start order, so the spans contained in span i follow it directly and the first
+    span starting at or after its end closes the search. All spans advance together, one offset
+    k at a time, sweeping the union of their contained spans; a span leaves the sweep at its
+    first span past its end, so the passes do work in proportion to the nesting, not k × spans."""
+    size = spans.record.size
+    end = spans.start + spans.duration
+    covered = np.zeros(size)
+    reach = np.full(size, -np.inf)
+    active = np.arange(size)
+    k = 1
+    while active.size:
+        j = active + k
+        open_ = j < size
+        active, j = active[open_], j[open_]
+        open_ = (spans.record[j] == spans.record[active]) & (spans.start[j] < end[active])
+        active, j = active[open_], j[open_]
+        inside = end[j] <= end[active] + NEST_SLACK + F32_SLACK * np.abs(end[active])
+        i, j = active[inside], j[inside]
+        covered[i] += np.maximum(0.0, end[j] - np.maximum(spans.start[j], reach[i]))
+        reach[i] = np.maximum(reach[i], end[j])
+        k += 1
+    return np.maximum(0.0, spans.duration - covered)
+
+
+def _occurrences(op: np.ndarray, window: np.ndarray, n_codes: int) -> np.ndarray:
+    """How many ops of the same type came before each op in its window."""
+    out = np.zeros(op.size, dtype=np.int64)
+    for code in range(n_codes):
+        idx = np.flatnonzero(op == code)
+        if not idx.size:
             continue
-        total += hi - max(lo, reach)
-        reach = hi
-    return total
+        rank = np.arange(idx.size)
+        first = np.maximum.accumulate(np.where(segment_starts(window[idx]), rank, 0))
+        out[idx] = rank - first
+    return out
+
+
+def _first_appearance_rank(keys: np.ndarray) -> np.ndarray:
+    """Dense numbers for `keys`, in the order each key first appears."""
+    if not keys.size:
+        return keys.astype(np.int64)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank[inverse.ravel()]
+
+
+def _renumber_by_first_appearance(codes: np.ndarray, names: list[str]) -> tuple[tuple[str, ...], np.ndarray]:
+    """Op type names in the order they first appear in the table, and old code -> new code."""
+    used = np.flatnonzero(np.bincount(codes, minlength=len(names)))
+    first = np.array([int(np.argmax(codes == c)) for c in used], dtype=np.int64)
+    ordered = used[np.argsort(first)]
+    renumber = np.full(len(names), -1, dtype=np.int64)
+    renumber[ordered] = np.arange(ordered.size)
+    return tuple(names[c] for c in ordered), renumber
+
+
+def _seq_sq(
+    cols: StepColumns, record: np.ndarray, op: np.ndarray, microbatch: np.ndarray, name_code: dict[str, int]
+) -> np.ndarray:
+    """Σ len² of each compute op's micro-batch (or of the whole step when not per micro-batch)."""
+    out = np.full(record.size, np.nan)
+    compute = np.isin(op, [name_code.get(O.FORWARD_COMPUTE, -1), name_code.get(O.BACKWARD_COMPUTE, -1)])
+    whole = compute & (microbatch < 0)
+    step_sq = cols.seq_sum_sq[record]
+    out[whole & (step_sq > 0)] = step_sq[whole & (step_sq > 0)]
+    per_mb = np.flatnonzero(compute & (microbatch >= 0))
+    if per_mb.size and cols.mb_index.size:
+        table = cols.mb_record * 65536 + (cols.mb_index.astype(np.int64) + 32768)
+        order = np.argsort(table, kind="stable")
+        # The last row of a repeated (record, micro-batch) wins, as a dict built from them would.
+        table, values = table[order], cols.mb_sum_sq[order]
+        wanted = record[per_mb] * 65536 + (microbatch[per_mb] + 32768)
+        at = np.searchsorted(table, wanted, side="right") - 1
+        found = (at >= 0) & (table[np.maximum(at, 0)] == wanted)
+        out[per_mb[found]] = values[at[found]]
+    return out

@@ -1,0 +1,246 @@
+"""Step records as columns: the one shape the store reads a window into and the engine builds its
+operation table from (whatif/from_steps.py).
+
+A window of a 4,096-rank job holds millions of records and tens of millions of spans; as Python
+objects they cost more than the whole analysis. Here every field is a numpy array: one row per
+record, and the records' spans (and per-micro-batch sequence statistics) flattened into arrays
+of their own, in record order, with a count per record. Nothing here depends on the database or
+on the engine, so both can use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class StepLike(Protocol):
+    """One step record as rows (tests, small tools): what `StepColumns.from_rows` reads."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def dp_rank(self) -> int: ...
+    @property
+    def pp_rank(self) -> int: ...
+    @property
+    def tp_rank(self) -> int: ...
+    @property
+    def start_time(self) -> float: ...
+    @property
+    def duration(self) -> float: ...
+    @property
+    def phases(self) -> Mapping[str, float]: ...
+    @property
+    def spans(self) -> Sequence[Sequence[Any]]: ...
+    @property
+    def seq_sum_sq(self) -> float: ...
+    @property
+    def microbatch_seq(self) -> Sequence[Sequence[Any]]: ...
+
+
+@dataclass(frozen=True)
+class StepColumns:
+    """Records (one row each) and their spans / micro-batch rows, flattened in record order.
+
+    `span_kind` indexes `kinds`. Span starts are relative to their record's `start_time`.
+    `gc_seconds` is every GC pause of the step, however short (short ones are not spans)."""
+
+    kinds: tuple[str, ...]
+    rank: np.ndarray  # int64
+    step: np.ndarray  # int64
+    dp_rank: np.ndarray  # int32
+    pp_rank: np.ndarray  # int32
+    tp_rank: np.ndarray  # int32
+    start_time: np.ndarray  # float64, server clock
+    duration: np.ndarray  # float64
+    gc_count: np.ndarray  # int32
+    gc_seconds: np.ndarray  # float64
+    seq_sum_sq: np.ndarray  # float64
+    span_count: np.ndarray  # int64, spans per record
+    span_kind: np.ndarray  # int32
+    span_start: np.ndarray  # float64
+    span_duration: np.ndarray  # float64
+    span_microbatch: np.ndarray  # int32, -1 when not per micro-batch
+    span_chunk: np.ndarray  # int32
+    mb_count: np.ndarray  # int64, micro-batch rows per record
+    mb_index: np.ndarray  # int32, the micro-batch
+    mb_sum_sq: np.ndarray  # float64
+
+    def __len__(self) -> int:
+        return int(self.rank.shape[0])
+
+    @property
+    def span_record(self) -> np.ndarray:
+        """Index of the record each span belongs to."""
+        return np.repeat(np.arange(len(self)), self.span_count)
+
+    @property
+    def mb_record(self) -> np.ndarray:
+        return np.repeat(np.arange(len(self)), self.mb_count)
+
+    def take(self, records: np.ndarray) -> StepColumns:
+        """The records at `records` (a boolean mask or an index array, any order), spans with them."""
+        index = np.flatnonzero(records) if records.dtype == bool else np.asarray(records, dtype=np.int64)
+        spans = _segments(self.span_count, index)
+        mbs = _segments(self.mb_count, index)
+        return StepColumns(
+            kinds=self.kinds,
+            rank=self.rank[index],
+            step=self.step[index],
+            dp_rank=self.dp_rank[index],
+            pp_rank=self.pp_rank[index],
+            tp_rank=self.tp_rank[index],
+            start_time=self.start_time[index],
+            duration=self.duration[index],
+            gc_count=self.gc_count[index],
+            gc_seconds=self.gc_seconds[index],
+            seq_sum_sq=self.seq_sum_sq[index],
+            span_count=self.span_count[index],
+            span_kind=self.span_kind[spans],
+            span_start=self.span_start[spans],
+            span_duration=self.span_duration[spans],
+            span_microbatch=self.span_microbatch[spans],
+            span_chunk=self.span_chunk[spans],
+            mb_count=self.mb_count[index],
+            mb_index=self.mb_index[mbs],
+            mb_sum_sq=self.mb_sum_sq[mbs],
+        )
+
+    def phase_seconds(self, name: str) -> np.ndarray:
+        """Seconds per record in phase `name` (NaN where the record has none), as the agent reports
+        them: spans of that kind summed; `gc` every pause; `other` the step no span covers."""
+        if name == "gc":
+            return np.where(self.gc_count > 0, self.gc_seconds, np.nan)
+        if name == "other":
+            return np.maximum(0.0, self.duration - self.covered_seconds())
+        code = self.kinds.index(name) if name in self.kinds else -1
+        mine = self.span_kind == code
+        total = np.bincount(self.span_record[mine], weights=self.span_duration[mine], minlength=len(self))
+        seen = np.bincount(self.span_record[mine], minlength=len(self)) > 0
+        return np.where(seen, total, np.nan)
+
+    def phase_table(self) -> dict[str, np.ndarray]:
+        """Seconds per record of every phase any record has (NaN where a record has none),
+        `gc` and `other` included: the agent's `phases` map, rebuilt from the spans."""
+        present = np.unique(self.span_kind)
+        names = [self.kinds[int(code)] for code in present]
+        out = {name: self.phase_seconds(name) for name in names}
+        out["gc"] = self.phase_seconds("gc")
+        out["other"] = self.phase_seconds("other")
+        return out
+
+    def covered_seconds(self) -> np.ndarray:
+        """Per record, the length of the union of its spans clipped to [0, duration]."""
+        record = self.span_record
+        lo = np.clip(self.span_start, 0.0, self.duration[record])
+        hi = np.clip(self.span_start + self.span_duration, 0.0, self.duration[record])
+        order = np.lexsort((lo, record))
+        record, lo, hi = record[order], lo[order], hi[order]
+        # The furthest end reached by earlier spans of the same record: a span adds only what
+        # lies beyond it.
+        reach = segmented_running_max(hi, record)
+        before = np.r_[-np.inf, reach[:-1]] if reach.size else reach
+        before[segment_starts(record)] = -np.inf
+        added = np.clip(hi - np.maximum(lo, before), 0.0, None)
+        return np.bincount(record, weights=added, minlength=len(self))
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[StepLike]) -> StepColumns:
+        """Columns of row records. A record with phases but no spans gets its phases laid end to
+        end from the step's start, in the order a training step runs them (`spans_from_phases`)."""
+        rows = list(rows)
+        kinds: dict[str, int] = {}
+        span_rows: list[tuple[int, float, float, int, int]] = []
+        span_count, mb_count = [], []
+        mb_rows: list[tuple[int, float]] = []
+        for r in rows:
+            spans = list(r.spans) or spans_from_phases(r.phases)
+            span_count.append(len(spans))
+            for s in spans:
+                code = kinds.setdefault(str(s[0]), len(kinds))
+                span_rows.append((code, float(s[1]), float(s[2]), int(s[3]), int(s[4])))
+            mb_count.append(len(r.microbatch_seq))
+            mb_rows.extend((int(m[0]), float(m[3])) for m in r.microbatch_seq)
+        spans_arr = np.array(span_rows, dtype=np.float64).reshape(-1, 5)
+        mb_arr = np.array(mb_rows, dtype=np.float64).reshape(-1, 2)
+        phases = [r.phases for r in rows]
+        return cls(
+            kinds=tuple(kinds),
+            rank=np.array([r.rank for r in rows], dtype=np.int64),
+            step=np.array([r.step for r in rows], dtype=np.int64),
+            dp_rank=np.array([r.dp_rank for r in rows], dtype=np.int32),
+            pp_rank=np.array([r.pp_rank for r in rows], dtype=np.int32),
+            tp_rank=np.array([r.tp_rank for r in rows], dtype=np.int32),
+            start_time=np.array([r.start_time for r in rows], dtype=np.float64),
+            duration=np.array([r.duration for r in rows], dtype=np.float64),
+            gc_count=np.array([1 if p.get("gc") else 0 for p in phases], dtype=np.int32),
+            gc_seconds=np.array([float(p.get("gc", 0.0)) for p in phases], dtype=np.float64),
+            seq_sum_sq=np.array([r.seq_sum_sq for r in rows], dtype=np.float64),
+            span_count=np.array(span_count, dtype=np.int64),
+            span_kind=spans_arr[:, 0].astype(np.int32),
+            span_start=spans_arr[:, 1],
+            span_duration=spans_arr[:, 2],
+            span_microbatch=spans_arr[:, 3].astype(np.int32),
+            span_chunk=spans_arr[:, 4].astype(np.int32),
+            mb_count=np.array(mb_count, dtype=np.int64),
+            mb_index=mb_arr[:, 0].astype(np.int32),
+            mb_sum_sq=mb_arr[:, 1],
+        )
+
+
+# Phase-only records: the order a training step runs its phases in.
+PHASE_ORDER = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "checkpoint")
+
+
+def spans_from_phases(phases: Mapping[str, float]) -> list[tuple[str, float, float, int, int]]:
+    """Spans for a record that reports phase totals only (a client without span timing): the
+    phases end to end from the step's start, canonical ones first, then the rest by name. `gc`
+    and `other` are not phases of their own (GC sits inside others; `other` is the rest)."""
+    ordered = [p for p in PHASE_ORDER if p in phases]
+    ordered += sorted(p for p in phases if p not in PHASE_ORDER and p not in ("gc", "other"))
+    out, offset = [], 0.0
+    for phase in ordered:
+        duration = float(phases[phase])
+        out.append((phase, offset, duration, -1, 0))
+        offset += duration
+    return out
+
+
+def segmented_running_max(values: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """Running maximum of `values` that restarts where `segment` changes (segments contiguous).
+
+    One pass per position within a segment, each over the segments at least that long: segments
+    here are a step's spans (a handful to a few hundred), so this is a few dozen array operations,
+    exact, with no sort."""
+    out = np.array(values, dtype=np.float64, copy=True)
+    if out.size == 0:
+        return out
+    first = np.flatnonzero(segment_starts(segment))
+    lengths = np.diff(np.r_[first, out.size])
+    longest_first = first[np.argsort(-lengths, kind="stable")]
+    at_least = np.sort(lengths)[::-1]  # at_least[i]: length of the i-th longest segment
+    for k in range(1, int(at_least[0])):
+        count = int(np.searchsorted(-at_least, -k, side="left"))  # segments longer than k
+        idx = longest_first[:count] + k
+        out[idx] = np.maximum(out[idx], out[idx - 1])
+    return out
+
+
+def segment_starts(segment: np.ndarray) -> np.ndarray:
+    """True where a contiguous run of equal `segment` values begins."""
+    return np.r_[True, segment[1:] != segment[:-1]] if segment.size else np.zeros(0, dtype=bool)
+
+
+def _segments(counts: np.ndarray, records: np.ndarray) -> np.ndarray:
+    """Indices into a flattened per-record array of the items of `records`, in that order."""
+    offsets = np.concatenate(([0], np.cumsum(counts)))
+    lengths = counts[records]
+    starts = np.repeat(offsets[records], lengths)
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return starts + within
