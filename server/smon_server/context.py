@@ -23,6 +23,8 @@ class ServerContext:
     ingest_stats: IngestStats = field(init=False)
     alert_rules: tuple[Rule, ...] = field(init=False)
     notifiers: list[Notifier] = field(init=False)
+    # When this process last made step partitions ahead and applied retention (jobs/loop.py).
+    storage_maintained_at: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         self.alert_rules = load_rules(self.settings.alert_rules)  # a bad file fails at start

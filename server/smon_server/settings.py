@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     recent_seconds: Annotated[float, Field(gt=0)] = 15.0
     recent_min_steps: Annotated[int, Field(ge=2)] = 5
     auto_migrate: bool = True
+    # Raw step records older than this many days are dropped (whole day partitions on
+    # PostgreSQL); stored analyses stay. 0 keeps them forever.
+    retention_days: Annotated[float, Field(ge=0)] = 14.0
 
     # Ingest limits: what a single batch and record may hold before it is rejected.
     max_batch_records: Annotated[int, Field(gt=0)] = 10_000

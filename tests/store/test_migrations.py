@@ -185,10 +185,10 @@ def test_0005_packs_stored_step_records_and_downgrades_them_back(database_url: s
             for agent, rank in (("a0", 0), ("a1", 1)):
                 c.execute(
                     sa.text(
-                        "INSERT INTO agents (agent_id, job_id, rank, local_rank, host, gpu_uuid, dp_rank, pp_rank, "
-                        "tp_rank, pid, agent_version, backend, clock_offset, first_seen, last_seen, "
-                        "dropped_records, errors, final, hb_phase) VALUES (:a, 'j', :r, 0, 'h', '', :r, 0, 0, 1, "
-                        "'', '', 0.0, 1.0, 2.0, 0, 0, false, '')"
+                        "INSERT INTO agents (agent_id, job_id, rank, local_rank, host, gpu_uuid, dp_rank, "
+                        "pp_rank, tp_rank, pid, agent_version, backend, clock_offset, first_seen, last_seen, "
+                        "dropped_records, errors, final, hb_phase) VALUES (:a, 'j', :r, 0, 'h', '', :r, "
+                        "0, 0, 1, '', '', 0.0, 1.0, 2.0, 0, 0, false, '')"
                     ),
                     {"a": agent, "r": rank},
                 )

@@ -207,6 +207,13 @@ def store_result(row: AnalysisResult, result: dict[str, Any]) -> None:
     row.heatmap = grids.pack(result["rank_slowdown"])
 
 
+def restate_result(row: AnalysisResult, result: dict[str, Any]) -> None:
+    """Only the state and time of a stored result move on (its steps are no longer stored)."""
+    row.state = result["state"]
+    row.computed_at = result["computed_at"]
+    row.summary = {**(row.summary or {}), "state": result["state"]}
+
+
 def _recent_from(times: Sequence[tuple[int, float, float]], seconds: float, min_steps: int) -> int | None:
     """First step of the recent stretch: the steps that ended within `seconds` of the newest, at
     least `min_steps` of them; None when that is the whole window (the window's answer stands)."""

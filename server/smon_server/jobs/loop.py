@@ -20,6 +20,7 @@ from smon_server.alerts import outbox
 from smon_server.context import ServerContext
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import waste
+from smon_server.store import partitions
 from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AnalysisResult, Job
 
@@ -49,6 +50,12 @@ async def analysis_loop(
 def analysis_pass(context: ServerContext, now: float) -> int:
     """Analyse every job with news since its last result, then evaluate the alert rules over the
     stored results; returns how many jobs were analysed."""
+    if now - context.storage_maintained_at >= STORAGE_MAINTENANCE_SECONDS:
+        try:
+            maintain_storage(context, now)
+            context.storage_maintained_at = now
+        except Exception:
+            log.exception("step record partitions / retention failed; retrying next pass")
     with context.db.session() as session:
         jobs = session.scalars(select(Job.job_id)).all()
     done = 0
@@ -77,6 +84,34 @@ def analysis_pass(context: ServerContext, now: float) -> int:
     except Exception:
         log.exception("alert evaluation failed; retrying next pass")
     return done
+
+
+STORAGE_MAINTENANCE_SECONDS = 3600.0
+STORAGE_LEASE = "smon/storage-maintenance"
+
+
+def maintain_storage(context: ServerContext, now: float) -> None:
+    """Day partitions made two days ahead and step records past SMON_RETENTION_DAYS removed, by
+    one replica at a time. Stored analyses are kept: a finished job's summary and trend outlive
+    its raw steps (the loop does not re-analyse a job without new steps)."""
+    settings = context.settings
+    with context.db.transaction() as session:
+        if not try_lease(session, STORAGE_LEASE):
+            return
+        if context.db.is_postgres:
+            created = partitions.ensure_partitions(session, now=now, days_ahead=2)
+            if created:
+                log.info("created step record partitions %s", ", ".join(created))
+        if settings.retention_days > 0:
+            removed = partitions.drop_expired(
+                session, now=now, retention_days=settings.retention_days, postgres=context.db.is_postgres
+            )
+            if removed:
+                log.info(
+                    "retention (%g days) removed %d step record partitions/rows",
+                    settings.retention_days,
+                    removed,
+                )
 
 
 _local_leases: dict[str, threading.Lock] = {}
@@ -112,6 +147,10 @@ def analyse_one(context: ServerContext, job_id: str, now: float, *, state_change
         ):
             return False
         result = job_analysis.analyze_job(session=session, job=job, settings=settings, now=now)
+        if previous is not None and previous.steps_seen and not result["summary"].get("steps_seen"):
+            # The raw steps are gone (retention): the stored analysis stays, with the new state.
+            job_analysis.restate_result(previous, result)
+            return True
         waste.accumulate_waste(job=job, result=result)
         row = previous or AnalysisResult(job_id=job_id)
         job_analysis.store_result(row, result)
