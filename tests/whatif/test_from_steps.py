@@ -78,9 +78,10 @@ def test_float32_offsets_do_not_move_ops_across_the_cut() -> None:
     """Spans end to end as the store gives them back (float32 offsets) on a 60 s step: the
     collective's rounded end lands 1.9 µs after the optimizer's rounded start."""
     f32 = lambda x: float(np.float32(x))  # noqa: E731
-    step = [["forward", 0.0, f32(30.01), -1, 0], ["grad_sync", f32(30.01), f32(59.3 - 30.01), -1, 0]]
-    step.append(["optimizer", f32(59.3), f32(0.7), -1, 0])
-    assert step[1][1] + step[1][2] > step[2][1]
+    sync_start, sync, optimizer_start = f32(30.01), f32(59.3 - 30.01), f32(59.3)
+    assert sync_start + sync > optimizer_start
+    step: list[list[object]] = [["forward", 0.0, sync_start, -1, 0], ["grad_sync", sync_start, sync, -1, 0]]
+    step.append(["optimizer", optimizer_start, f32(0.7), -1, 0])
     table = build_op_table(
         StepColumns.from_rows([row(0, s, step, start=1e9 + 60 * s, duration=60.0) for s in range(3)])
     )
