@@ -1,0 +1,254 @@
+"""One analysis pass over an N-rank × 500-step job stored in PostgreSQL, and what a step record
+costs to store (issue 8, items 1 and 2).
+
+Builds a fresh PostgreSQL database (SMON_BENCH_DATABASE_URL, default the test server on
+127.0.0.1:5432) per size, writes a synthetic DDP job in the compact layout (six spans a step:
+data wait, forward, backward with a GC pause nested in it on some steps, the gradient all-reduce
+every rank waits in for the slowest, the optimizer; one rank's forward twice as slow), then runs
+the server's own pass (`jobs.analysis.analyze_job`: read the window, build the op table, what-if,
+attribution, diagnosis, views) in a fresh process and reports its wall time and peak RSS.
+
+Baselines, measured in the same run:
+- the pass's budget, SMON_ANALYSIS_INTERVAL's default (10 s), and 2 GB of memory;
+- bytes per stored step record (`pg_total_relation_size` over rows, indexes included) against
+  the same records in the layout this replaces (JSONB phases and spans, text job id, coordinates
+  per row), copied into a table of that shape in the same database.
+
+    .venv/bin/python benchmarks/analysis_pass.py [--ranks 64 512 4096] [--steps 500]
+
+Prints figures, never asserts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import psycopg
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from smon_server.store import codec, migrate
+from smon_server.store.db import Database
+
+ADMIN_URL = os.environ.get("SMON_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+KINDS = ("data_wait", "forward", "backward", "gc", "grad_sync", "optimizer")
+OLD_LAYOUT = """CREATE TABLE old_step_records (
+  job_id varchar(256), rank int, step bigint, agent_id varchar(64), dp_rank int, pp_rank int,
+  tp_rank int, start_time float8, end_time float8, duration float8, phases jsonb, spans jsonb,
+  gc_count int, gc_seconds float8, seq_count int, seq_tokens bigint, seq_sum_sq float8,
+  seq_max_len int, microbatch_seq jsonb, received_at float8, PRIMARY KEY (job_id, rank, step))"""
+
+
+def synthetic_job(ranks: int, steps: int, rng: np.random.Generator, origin: float) -> list[tuple]:
+    """Rows (job_key, step, rank, start, duration, agent_key, gc_count, gc_seconds, spans)."""
+    rows = []
+    t = origin
+    slow = ranks // 3
+    for step in range(steps):
+        forward = 0.010 + rng.normal(0, 0.0003, ranks)
+        forward[slow] *= 2.0
+        data = 0.002 + rng.normal(0, 0.0001, ranks)
+        backward = 0.020 + rng.normal(0, 0.0005, ranks)
+        gc = (rng.random(ranks) < 0.05) * 0.004
+        ready = data + forward + backward + gc
+        sync_end = ready.max() + 0.004
+        for r in range(ranks):
+            spans = [
+                (0, 0.0, data[r], -1, 0),
+                (1, data[r], forward[r], -1, 0),
+                (2, data[r] + forward[r], backward[r] + gc[r], -1, 0),
+            ]
+            if gc[r]:
+                spans.append((3, data[r] + forward[r] + 0.005, gc[r], -1, 0))
+            spans.append((4, ready[r], sync_end - ready[r], -1, 0))
+            spans.append((5, sync_end + 0.0002, 0.003, -1, 0))
+            duration = sync_end + 0.0032
+            rows.append(
+                (1, step, r, t, duration, r + 1, int(gc[r] > 0), float(gc[r]), codec.pack_spans(spans))
+            )
+        t += sync_end + 0.0032
+    return rows
+
+
+def old_row(row: tuple, job_id: str) -> tuple:
+    """The same record in the layout before migration 0005."""
+    _, step, rank, start, duration, agent, gc_count, gc_seconds, blob = row
+    spans = codec.unpack_spans(blob)
+    listed = [[KINDS[int(s["kind"])], float(s["start"]), float(s["duration"]), -1, 0] for s in spans]
+    phases: dict[str, float] = {}
+    for kind, _, d, _, _ in listed:
+        phases[kind] = phases.get(kind, 0.0) + d
+    phases["other"] = 0.0002
+    return (
+        job_id,
+        rank,
+        step,
+        f"agent-{agent:032d}",
+        rank,
+        0,
+        0,
+        start,
+        start + duration,
+        duration,
+        json.dumps(phases),
+        json.dumps(listed),
+        gc_count,
+        gc_seconds,
+        0,
+        0,
+        0.0,
+        0,
+        "[]",
+        start,
+    )
+
+
+def build(url: str, ranks: int, steps: int) -> tuple[float, float]:
+    """Store the job; returns (bytes per record now, bytes per record in the old layout)."""
+    db = Database(url)
+    migrate.upgrade(db)
+    db.dispose()
+    rng = np.random.default_rng(ranks)
+    origin = time.time() - 3600
+    rows = synthetic_job(ranks, steps, rng, origin)
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobs (job_id, world_size, dp_size, pp_size, tp_size, first_seen, last_seen, "
+            "last_step, last_step_seen, gpu_hours_wasted) VALUES ('bench', %s, %s, 1, 1, %s, %s, %s, %s, 0)",
+            (ranks, ranks, origin, time.time(), steps - 1, time.time()),
+        )
+        with conn.cursor().copy(
+            "COPY agents (agent_id, job_id, rank, local_rank, host, gpu_uuid, dp_rank, pp_rank, tp_rank, "
+            "pid, agent_version, backend, clock_offset, first_seen, last_seen, dropped_records, errors, "
+            "final, first_step, hb_phase) FROM STDIN"
+        ) as copy:
+            for r in range(ranks):
+                copy.write_row(
+                    (
+                        f"agent-{r + 1:032d}",
+                        "bench",
+                        r,
+                        r % 8,
+                        f"host-{r // 8}",
+                        "",
+                        r,
+                        0,
+                        0,
+                        1,
+                        "",
+                        "gloo",
+                        0.0,
+                        origin,
+                        time.time(),
+                        0,
+                        0,
+                        False,
+                        0,
+                        "",
+                    )
+                )
+        conn.execute(
+            "INSERT INTO span_kinds (code, name) VALUES "
+            + ", ".join(f"({i}, '{k}')" for i, k in enumerate(KINDS))
+        )
+        with conn.cursor().copy(
+            "COPY step_records (job_key, step, rank, start_time, duration, agent_key, gc_count, gc_seconds, "
+            "spans) FROM STDIN"
+        ) as copy:
+            for row in rows:
+                copy.write_row(row)
+        conn.execute("ANALYZE step_records")
+        new_bytes = conn.execute(
+            "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent "
+            "WHERE p.relname = 'step_records'"
+        ).fetchone()[0]
+        conn.execute(OLD_LAYOUT)
+        sample = rows[: min(len(rows), 200_000)]  # the old layout's size per row, on a sample
+        with conn.cursor().copy("COPY old_step_records FROM STDIN") as copy:
+            for row in sample:
+                copy.write_row(old_row(row, "bench-job-6f1c2a9e"))
+        old_bytes = conn.execute("SELECT pg_total_relation_size('old_step_records')").fetchone()[0]
+        conn.execute("DROP TABLE old_step_records")
+    return float(new_bytes) / len(rows), float(old_bytes) / len(sample)
+
+
+def run_pass(url: str) -> None:
+    """In a fresh process: one pass, then print its seconds and peak RSS as JSON."""
+    from smon_server.jobs.analysis import analyze_job
+    from smon_server.settings import Settings
+    from smon_server.store.models import Job
+
+    settings = Settings(database_url=url)
+    db = Database(url)
+    with db.session() as session:
+        job = session.get(Job, "bench")
+        assert job is not None
+        start = time.perf_counter()
+        result = analyze_job(session=session, job=job, settings=settings, now=time.time())
+        seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    summary = result["summary"]
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "peak_bytes": peak,
+                "slowdown": summary.get("slowdown"),
+                "steps": summary.get("steps_seen"),
+                "stragglers": len(summary.get("stragglers") or []),
+            }
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[64, 512, 4096])
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--pass-only", metavar="URL", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.pass_only:
+        run_pass(args.pass_only)
+        return
+    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    print(
+        f"{'ranks':>6} {'records':>10} {'B/record':>9} {'old B/rec':>9} {'ratio':>6} "
+        f"{'pass s':>7} {'/10 s':>6} {'peak GB':>8} {'/2 GB':>6} {'S':>6} {'stragglers':>10}"
+    )
+    for ranks in args.ranks:
+        name = f"smon_bench_pass_{uuid.uuid4().hex[:8]}"
+        with admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{name}"'))
+        url = make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+        try:
+            per_record, old_per_record = build(url, ranks, args.steps)
+            out = subprocess.run(
+                [sys.executable, __file__, "--pass-only", url], capture_output=True, text=True, check=True
+            )
+            figures = json.loads(out.stdout.strip().splitlines()[-1])
+            gb = figures["peak_bytes"] / 1e9
+            print(
+                f"{ranks:>6} {ranks * args.steps:>10} {per_record:>9.0f} {old_per_record:>9.0f} "
+                f"{per_record / old_per_record:>6.2f} {figures['seconds']:>7.2f} "
+                f"{figures['seconds'] / 10:>6.2f} "
+                f"{gb:>8.2f} {gb / 2:>6.2f} {figures['slowdown']:>6.3f} {figures['stragglers']:>10}",
+                flush=True,
+            )
+        finally:
+            with admin.connect() as c:
+                c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+if __name__ == "__main__":
+    main()
