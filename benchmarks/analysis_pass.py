@@ -84,8 +84,9 @@ def old_row(row: tuple, job_id: str) -> tuple:
     spans = codec.unpack_spans(blob)
     listed = [[KINDS[int(s["kind"])], float(s["start"]), float(s["duration"]), -1, 0] for s in spans]
     phases: dict[str, float] = {}
-    for kind, _, d, _, _ in listed:
-        phases[kind] = phases.get(kind, 0.0) + d
+    for s in spans:
+        kind = KINDS[int(s["kind"])]
+        phases[kind] = phases.get(kind, 0.0) + float(s["duration"])
     phases["other"] = 0.0002
     return (
         job_id,
@@ -171,13 +172,13 @@ def build(url: str, ranks: int, steps: int) -> tuple[float, float]:
             "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_inherits i "
             "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent "
             "WHERE p.relname = 'step_records'"
-        ).fetchone()[0]
+        ).fetchone()[0]  # type: ignore[index]
         conn.execute(OLD_LAYOUT)
         sample = rows[: min(len(rows), 200_000)]  # the old layout's size per row, on a sample
         with conn.cursor().copy("COPY old_step_records FROM STDIN") as copy:
             for row in sample:
                 copy.write_row(old_row(row, "bench-job-6f1c2a9e"))
-        old_bytes = conn.execute("SELECT pg_total_relation_size('old_step_records')").fetchone()[0]
+        old_bytes = conn.execute("SELECT pg_total_relation_size('old_step_records')").fetchone()[0]  # type: ignore[index]
         conn.execute("DROP TABLE old_step_records")
     return float(new_bytes) / len(rows), float(old_bytes) / len(sample)
 
