@@ -8,7 +8,7 @@ from sqlalchemy import Connection
 from smon_server.settings import Settings
 from smon_server.store.db import make_engine
 from smon_server.store.models import Base
-from smon_server.store.partitions import is_partition
+from smon_server.store.partitions import alembic_include_name
 
 config = context.config
 target_metadata = Base.metadata
@@ -21,13 +21,8 @@ def _configure(connection: Connection) -> None:
         # SQLite cannot ALTER most things in place; batch mode rebuilds tables instead.
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
-        include_name=include_name,
+        include_name=alembic_include_name,
     )
-
-
-def include_name(name: str | None, type_: str, parent_names: object) -> bool:
-    """Day partitions of step_records are made at run time (store/partitions.py), not by models."""
-    return not (type_ == "table" and is_partition(name))
 
 
 def run_migrations_offline() -> None:

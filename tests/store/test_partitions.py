@@ -40,7 +40,7 @@ def test_records_move_into_their_day_partition_and_old_days_are_dropped(db: Data
     assert count(db, "step_records_default") == 80
     with db.transaction() as session:
         made = partitions.ensure_partitions(session, now=now, days_ahead=1, days_back=30)
-    assert partitions.day_name(partitions._day_start(f.T0)) in made
+    assert partitions.day_name(partitions.day_start(f.T0)) in made
     assert count(db, "step_records_default") == 0  # each day's rows moved into its partition
     assert count(db) == 80
     with db.transaction() as session:

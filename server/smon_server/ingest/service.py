@@ -112,9 +112,7 @@ class IngestService:
             log.exception("storing batch %s/%d failed", valid.agent_id, valid.seq)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later")
             raise
-        if result.refused:
-            valid.rejections.extend(result.refused)
-            valid.steps = valid.steps[: len(valid.steps) - len(result.refused)]  # for the counts
+        valid = result.stored
         self._count(valid, duplicate=result.duplicate)
         if valid.final and self.on_final is not None:
             self.on_final()

@@ -28,11 +28,16 @@ def is_partition(name: str | None) -> bool:
     return bool(name) and (name == DEFAULT or bool(_DAY.match(str(name))))
 
 
+def alembic_include_name(name: str | None, type_: str, parent_names: object) -> bool:
+    """Alembic's `include_name`: day partitions are made at run time, not by the models."""
+    return not (type_ == "table" and is_partition(name))
+
+
 def day_name(day: datetime) -> str:
     return f"{PARENT}_p{day:%Y%m%d}"
 
 
-def _day_start(ts: float) -> datetime:
+def day_start(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
@@ -57,7 +62,7 @@ def ensure_partitions(session: Session, *, now: float, days_ahead: int = 2, days
     not exist yet; returns their names. PostgreSQL only."""
     have = existing_days(session)
     created = []
-    today = _day_start(now)
+    today = day_start(now)
     for offset in range(-days_back, days_ahead + 1):
         day = today + timedelta(days=offset)
         name = day_name(day)

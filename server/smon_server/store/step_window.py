@@ -110,36 +110,22 @@ def _read_rows(session: Session, job_key: int, lo: int, hi: int, rank_lo: int, r
     r = StepRecord
     rows = session.execute(
         select(
-            r.rank,
-            r.step,
-            r.start_time,
-            r.duration,
-            r.agent_key,
-            r.gc_count,
-            r.gc_seconds,
-            r.spans,
-            r.seq_total,
-            r.seq_microbatches,
+            r.rank, r.step, r.start_time, r.duration, r.agent_key, r.gc_count, r.gc_seconds,
+            r.spans, r.seq_total, r.seq_microbatches,
         ).where(r.job_key == job_key, r.step >= lo, r.step <= hi, r.rank >= rank_lo, r.rank < rank_hi)
-    ).all()
+    ).all()  # fmt: skip
+    spans = [bytes(row[7]) for row in rows]
+    totals = [bytes(row[8] or b"") for row in rows]
+    microbatches = [bytes(row[9] or b"") for row in rows]
     header = np.zeros(len(rows), dtype=_HEADER)
-    if rows:
-        columns = list(zip(*rows, strict=True))
-        for name, values in zip(
-            ("rank", "step", "start_time", "duration", "agent_key", "gc_count", "gc_seconds"),
-            columns,
-            strict=False,
-        ):
-            header[name] = values
-        header["spans"] = [len(b) for b in columns[7]]
-        header["seq_total"] = [len(b or b"") for b in columns[8]]
-        header["seq_microbatches"] = [len(b or b"") for b in columns[9]]
-    return _Raw(
-        header=header,
-        spans=b"".join(rows_[7] for rows_ in rows),
-        seq_total=b"".join(rows_[8] or b"" for rows_ in rows),
-        seq_microbatches=b"".join(rows_[9] or b"" for rows_ in rows),
-    )
+    for i, name in enumerate(
+        ("rank", "step", "start_time", "duration", "agent_key", "gc_count", "gc_seconds")
+    ):
+        header[name] = [row[i] for row in rows]
+    header["spans"] = [len(b) for b in spans]
+    header["seq_total"] = [len(b) for b in totals]
+    header["seq_microbatches"] = [len(b) for b in microbatches]
+    return _Raw(header, b"".join(spans), b"".join(totals), b"".join(microbatches))
 
 
 def _decode(raw: _Raw, kinds: tuple[str, ...], coords: np.ndarray) -> StepColumns:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import case, func, insert, select, text
@@ -32,32 +32,43 @@ TOO_MANY_KINDS = "too_many_kinds"
 @dataclass(frozen=True)
 class WriteResult:
     duplicate: bool
-    # Step records refused at write time (their span kind could not get a code: the dictionary
-    # is full), as Rejections for the Ack.
-    refused: tuple[pb.Rejection, ...] = ()
+    # The batch as stored: records whose span kinds could get no code (the kind dictionary is
+    # full) moved from its steps to its rejections, so the Ack and the counts say so.
+    stored: ValidBatch
 
 
 def write_batch(db: Database, batch: ValidBatch, now: float) -> WriteResult:
     codes = db.kinds.codes(db.transaction, {span[0] for row in batch.steps for span in row["spans"]})
-    steps, refused = [], []
-    for row in batch.steps:
-        if all(span[0] in codes for span in row["spans"]):
-            steps.append(row)
-        else:
-            detail = f"step {row['step']}: span kind dictionary full ({MAX_KINDS} names)"
-            refused.append(pb.Rejection(kind="step", index=-1, reason=TOO_MANY_KINDS, detail=detail))
+    batch = _refuse_unnamed_kinds(batch, codes)
     with db.transaction() as session:
         dialect = session.get_bind().dialect.name
         if not _claim_batch(session, dialect, batch, now):
-            return WriteResult(duplicate=True)
+            return WriteResult(duplicate=True, stored=batch)
         job_key = _upsert_job(session, dialect, batch, now)
         agent_key = _upsert_agent(session, dialect, batch, now)
-        if steps:
-            rows = [_step_record(row, codes, job_key, agent_key) for row in steps]
+        if batch.steps:
+            rows = [_step_record(row, codes, job_key, agent_key) for row in batch.steps]
             _insert_ignoring_conflicts(session, dialect, StepRecord, rows)
         if batch.gpu_samples:
             _insert_ignoring_conflicts(session, dialect, GpuSample, batch.gpu_samples)
-    return WriteResult(duplicate=False, refused=tuple(refused))
+    return WriteResult(duplicate=False, stored=batch)
+
+
+def _refuse_unnamed_kinds(batch: ValidBatch, codes: dict[str, int]) -> ValidBatch:
+    kept = [row for row in batch.steps if all(span[0] in codes for span in row["spans"])]
+    if len(kept) == len(batch.steps):
+        return batch
+    refused = [
+        pb.Rejection(
+            kind="step",
+            index=-1,
+            reason=TOO_MANY_KINDS,
+            detail=f"step {row['step']}: span kind dictionary full ({MAX_KINDS} names)",
+        )
+        for row in batch.steps
+        if not all(span[0] in codes for span in row["spans"])
+    ]
+    return replace(batch, steps=kept, rejections=[*batch.rejections, *refused])
 
 
 def _step_record(row: dict[str, Any], codes: dict[str, int], job_key: int, agent_key: int) -> dict[str, Any]:
@@ -85,15 +96,10 @@ def _dialect_insert(dialect: str, table: Any) -> Any:
     return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
 
-def _greatest(dialect: str, a: Any, b: Any) -> Any:
-    """The larger of two values, treating NULL as absent on both databases."""
-    fn = func.greatest if dialect == "postgresql" else func.max
-    return fn(func.coalesce(a, b), func.coalesce(b, a))
-
-
-def _least(dialect: str, a: Any, b: Any) -> Any:
-    fn = func.least if dialect == "postgresql" else func.min
-    return fn(func.coalesce(a, b), func.coalesce(b, a))
+def _greatest(dialect: str, a: Any, b: Any, *, least: bool = False) -> Any:
+    """The larger (or, with `least`, the smaller) of two values, NULL counting as absent."""
+    name = ("least" if least else "greatest") if dialect == "postgresql" else ("min" if least else "max")
+    return getattr(func, name)(func.coalesce(a, b), func.coalesce(b, a))
 
 
 def _claim_batch(session: Session, dialect: str, batch: ValidBatch, now: float) -> bool:
@@ -191,7 +197,7 @@ def _upsert_agent(session: Session, dialect: str, batch: ValidBatch, now: float)
         # Counters are cumulative on the agent; a resent older batch must not move them back.
         "dropped_records": _greatest(dialect, Agent.dropped_records, excluded.dropped_records),
         "errors": _greatest(dialect, Agent.errors, excluded.errors),
-        "first_step": _least(dialect, Agent.first_step, excluded.first_step),
+        "first_step": _greatest(dialect, Agent.first_step, excluded.first_step, least=True),
     }
     if batch.final:
         update["final"] = excluded.final

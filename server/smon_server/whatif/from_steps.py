@@ -58,10 +58,11 @@ def complete_steps(cols: StepColumns) -> StepColumns:
     if not len(cols):
         return cols
     worker = _worker_ids(cols)
+    workers = int(worker.max()) + 1
     steps, step_index = np.unique(cols.step, return_inverse=True)
-    pairs = np.unique(step_index.astype(np.int64) * (int(worker.max()) + 1) + worker)
-    per_step = np.bincount(pairs // (int(worker.max()) + 1), minlength=steps.size)
-    return cols.take(per_step[step_index] == int(worker.max()) + 1)
+    pairs = np.unique(step_index.astype(np.int64) * workers + worker)  # (step, worker) seen
+    per_step = np.bincount(pairs // workers, minlength=steps.size)
+    return cols.take(per_step[step_index] == workers)
 
 
 def build_op_table(cols: StepColumns) -> OpTable:
@@ -124,9 +125,8 @@ def build_op_table(cols: StepColumns) -> OpTable:
     per_op = 1 + host_before.astype(np.int64)
     window_rows = np.bincount(window, weights=per_op, minlength=n).astype(np.int64) + tail
     window_offset = np.cumsum(window_rows) - window_rows
-    before_in_window = np.cumsum(per_op) - per_op
-    if window.size:
-        before_in_window -= (np.cumsum(per_op) - per_op)[first][np.cumsum(first) - 1]
+    rows_before = np.cumsum(per_op) - per_op
+    before_in_window = rows_before - rows_before[first][np.cumsum(first) - 1] if window.size else rows_before
     op_row = window_offset[window] + before_in_window + host_before
     host_row = op_row[host_before] - 1
     tail_windows = np.flatnonzero(tail)
