@@ -3,11 +3,8 @@ page is not sent twice, and a page that had not gone out yet goes out."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,41 +15,19 @@ import pytest
 from tests import factories as f
 from tests.alerts.receivers import Receiver, receiver
 from tests.api.test_jobs import SLOW_RANK, push_job
+from tests.server_process import free_port, start_server
 
 pytestmark = [pytest.mark.slow]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start(db: Path, rules: Path, hook: Receiver, http: int, grpc: int) -> subprocess.Popen[bytes]:
     env = {
-        **os.environ,
         "SMON_ANALYSIS_INTERVAL": "0.5",
         "SMON_ALERT_RULES": str(rules),
         "SMON_PAGERDUTY_ROUTING_KEY": "rk",
         "SMON_PAGERDUTY_URL": hook.url + "/pd",
     }
-    smon = Path(sys.executable).parent / "smon"
-    process = subprocess.Popen(
-        [str(smon), "server", "--db", f"sqlite:///{db}", "--http-port", str(http), "--grpc-port", str(grpc)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{http}/readyz", timeout=2).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise AssertionError("smon server did not become ready")
+    return start_server(f"sqlite:///{db}", http, grpc, env)
 
 
 def triggers(hook: Receiver, job: str) -> int:
