@@ -35,7 +35,7 @@ import psycopg
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from smon_server.store import codec, migrate
+from smon_server.store import codec, migrate, partitions
 from smon_server.store.db import Database
 
 ADMIN_URL = os.environ.get("SMON_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -168,11 +168,6 @@ def build(url: str, ranks: int, steps: int) -> tuple[float, float]:
             for row in rows:
                 copy.write_row(row)
         conn.execute("ANALYZE step_records")
-        new_bytes = conn.execute(
-            "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_inherits i "
-            "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent "
-            "WHERE p.relname = 'step_records'"
-        ).fetchone()[0]  # type: ignore[index]
         conn.execute(OLD_LAYOUT)
         sample = rows[: min(len(rows), 200_000)]  # the old layout's size per row, on a sample
         with conn.cursor().copy("COPY old_step_records FROM STDIN") as copy:
@@ -180,6 +175,10 @@ def build(url: str, ranks: int, steps: int) -> tuple[float, float]:
                 copy.write_row(old_row(row, "bench-job-6f1c2a9e"))
         old_bytes = conn.execute("SELECT pg_total_relation_size('old_step_records')").fetchone()[0]  # type: ignore[index]
         conn.execute("DROP TABLE old_step_records")
+    db = Database(url)
+    with db.session() as session:
+        new_bytes = partitions.stored_bytes(session)
+    db.dispose()
     return float(new_bytes) / len(rows), float(old_bytes) / len(sample)
 
 

@@ -1,0 +1,150 @@
+"""Ingest throughput: many agents streaming step records over real gRPC into PostgreSQL, next to
+raw `COPY` of the same rows in the same run (issue 8, item 1).
+
+Starts `smon server` as its own process on a fresh PostgreSQL database (SMON_BENCH_DATABASE_URL,
+default the test server on 127.0.0.1:5432). A client process opens one gRPC stream per agent
+(`--agents`, spread over `--jobs` jobs) and sends pre-serialised batches of DDP step records the
+way the agent's shipper does, each stream waiting for an Ack (sent after the commit, so an acked
+record is queryable) before its next batch. Reported:
+- step records/s from the first send to the last Ack, and p50 / p99 send-to-Ack latency;
+- the baseline: the same stored rows copied with one raw `COPY` into a table of the same schema,
+  in records/s; and the ratio (target ≥ 0.40, and ≥ 100,000 records/s);
+- bytes per stored record (`pg_total_relation_size`, indexes included).
+
+    .venv/bin/python benchmarks/ingest.py [--agents 32] [--jobs 1] [--batches 20] [--per-batch 100]
+
+Prints figures, never asserts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import psycopg
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tests.factories (step records) and tests.server_process
+
+from smon.v1 import ingest_pb2 as pb  # noqa: E402
+from smon_server.store import partitions  # noqa: E402
+from smon_server.store.db import Database  # noqa: E402
+from tests import factories as f  # noqa: E402
+from tests.server_process import free_port, start_server  # noqa: E402
+
+ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def batches(job: str, rank: int, world: int, count: int, per_batch: int) -> list[bytes]:
+    steps = f.dp_job_steps(1, range(count * per_batch), origin=time.time() - 3600)[0]
+    out = []
+    for i in range(count):
+        chunk = steps[i * per_batch : (i + 1) * per_batch]
+        out.append(f.batch(job, rank, world, seq=i + 1, steps=chunk).SerializeToString())
+    return out
+
+
+async def send(target: str, agents: list[list[bytes]]) -> tuple[float, list[float], int]:
+    """(seconds, send-to-Ack latencies, records acked) for all agents streaming at once."""
+    latencies: list[float] = []
+    acked = 0
+
+    async def one(payloads: list[bytes]) -> None:
+        nonlocal acked
+        async with grpc.aio.insecure_channel(target) as channel:
+            stream = channel.stream_stream(
+                "/smon.v1.Ingest/Stream", request_serializer=None, response_deserializer=pb.Ack.FromString
+            )
+            call = stream()
+            for payload in payloads:
+                sent = time.perf_counter()
+                await call.write(payload)
+                ack = await call.read()
+                latencies.append(time.perf_counter() - sent)
+                acked += ack.accepted
+            await call.done_writing()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(p) for p in agents))
+    return time.perf_counter() - start, latencies, acked
+
+
+def copy_baseline(conninfo: str) -> tuple[float, int]:
+    """Raw COPY of every stored step record into a plain table of the same schema: records/s."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        buffer = io.BytesIO()
+        with conn.cursor().copy("COPY (SELECT * FROM step_records) TO STDOUT (FORMAT BINARY)") as copy:
+            for data in copy:
+                buffer.write(data)
+        conn.execute("CREATE TABLE copy_baseline (LIKE step_records INCLUDING ALL)")
+        rows = conn.execute("SELECT count(*) FROM step_records").fetchone()
+        start = time.perf_counter()
+        with conn.cursor().copy("COPY copy_baseline FROM STDIN (FORMAT BINARY)") as copy:
+            copy.write(buffer.getvalue())
+        seconds = time.perf_counter() - start
+    count = int(rows[0]) if rows else 0
+    return count / seconds, count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--agents", type=int, default=32)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--per-batch", type=int, default=100)
+    args = parser.parse_args()
+    name = f"smon_bench_ingest_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(ADMIN_URL).set(database=name)
+    http, grpc_port = free_port(), free_port()
+    server = start_server(
+        url.render_as_string(hide_password=False), http, grpc_port, {"SMON_ANALYSIS_INTERVAL": "3600"}
+    )
+    try:
+        per_job = max(1, args.agents // args.jobs)
+        payloads = [
+            batches(f"ingest-{a // per_job}", a % per_job, per_job, args.batches, args.per_batch)
+            for a in range(args.agents)
+        ]
+        seconds, latencies, acked = asyncio.run(send(f"127.0.0.1:{grpc_port}", payloads))
+        rate = acked / seconds
+        latencies.sort()
+        p50 = statistics.median(latencies)
+        p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+        conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        db = Database(url.render_as_string(hide_password=False))
+        with db.session() as session:
+            size = partitions.stored_bytes(session)
+        db.dispose()
+        copy_rate, stored = copy_baseline(conninfo)
+        print(
+            f"agents {args.agents} over {args.jobs} job(s), {args.batches} batches of {args.per_batch} steps"
+        )
+        print(
+            f"ingest      {rate:>10,.0f} records/s  ({acked:,} acked in {seconds:.1f} s; {stored:,} stored)"
+        )
+        print(f"send->ack   p50 {p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms")
+        print(f"raw COPY    {copy_rate:>10,.0f} records/s  (same rows, table of the same schema)")
+        print(f"ratio       {rate / copy_rate:>10.3f}  (target >= 0.40)")
+        print(f"storage     {size / max(stored, 1):>10.0f} bytes/record (indexes included)")
+    finally:
+        server.kill()
+        server.wait(10)
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+if __name__ == "__main__":
+    main()
