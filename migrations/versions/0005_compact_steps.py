@@ -138,12 +138,13 @@ def upgrade() -> None:
     kinds: dict[str, int] = {}
     jobs: dict[str, int] = {j: k for j, k in bind.execute(sa.text("SELECT job_id, key FROM jobs"))}
     agents: dict[str, int] = {a: k for a, k in bind.execute(sa.text("SELECT agent_id, key FROM agents"))}
+    # Streamed in chunks (a server-side cursor on PostgreSQL): a fleet's history does not fit in memory.
     old = bind.execute(
         sa.text(
             "SELECT job_id, rank, step, agent_id, start_time, duration, phases, spans, gc_count, "
             "gc_seconds, seq_count, seq_tokens, seq_sum_sq, seq_max_len, microbatch_seq "
             "FROM step_records_old"
-        )
+        ).execution_options(stream_results=True, yield_per=CHUNK)
     )
     rows: list[dict[str, Any]] = []
     target = sa.table(
@@ -165,7 +166,7 @@ def upgrade() -> None:
             )
         ),
     )
-    for r in old.mappings().all():
+    for r in old.mappings():
         if r["job_id"] not in jobs or r["agent_id"] not in agents:
             continue  # a record without its job or agent row was never readable
         spans = _spans_of(_load(r["phases"]) or {}, _load(r["spans"]) or [])
