@@ -23,22 +23,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
 import time
-import uuid
+from pathlib import Path
 
 import numpy as np
 import psycopg
-from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.bench_db
+from benchmarks.bench_db import fresh_database
 from smon_server.store import codec, migrate, partitions
 from smon_server.store.db import Database
 
-ADMIN_URL = os.environ.get("SMON_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 KINDS = ("data_wait", "forward", "backward", "gc", "grad_sync", "optimizer")
 OLD_LAYOUT = """CREATE TABLE old_step_records (
   job_id varchar(256), rank int, step bigint, agent_id varchar(64), dp_rank int, pp_rank int,
@@ -220,34 +219,25 @@ def main() -> None:
     if args.pass_only:
         run_pass(args.pass_only)
         return
-    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
     print(
         f"{'ranks':>6} {'records':>10} {'B/record':>9} {'old B/rec':>9} {'ratio':>6} "
         f"{'pass s':>7} {'/10 s':>6} {'peak GB':>8} {'/2 GB':>6} {'S':>6} {'stragglers':>10}"
     )
     for ranks in args.ranks:
-        name = f"smon_bench_pass_{uuid.uuid4().hex[:8]}"
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{name}"'))
-        url = make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-        try:
+        with fresh_database("smon_bench_pass") as url:
             per_record, old_per_record = build(url, ranks, args.steps)
             out = subprocess.run(
                 [sys.executable, __file__, "--pass-only", url], capture_output=True, text=True, check=True
             )
-            figures = json.loads(out.stdout.strip().splitlines()[-1])
-            gb = figures["peak_bytes"] / 1e9
-            print(
-                f"{ranks:>6} {ranks * args.steps:>10} {per_record:>9.0f} {old_per_record:>9.0f} "
-                f"{per_record / old_per_record:>6.2f} {figures['seconds']:>7.2f} "
-                f"{figures['seconds'] / 10:>6.2f} "
-                f"{gb:>8.2f} {gb / 2:>6.2f} {figures['slowdown']:>6.3f} {figures['stragglers']:>10}",
-                flush=True,
-            )
-        finally:
-            with admin.connect() as c:
-                c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+        figures = json.loads(out.stdout.strip().splitlines()[-1])
+        gb = figures["peak_bytes"] / 1e9
+        print(
+            f"{ranks:>6} {ranks * args.steps:>10} {per_record:>9.0f} {old_per_record:>9.0f} "
+            f"{per_record / old_per_record:>6.2f} {figures['seconds']:>7.2f} "
+            f"{figures['seconds'] / 10:>6.2f} "
+            f"{gb:>8.2f} {gb / 2:>6.2f} {figures['slowdown']:>6.3f} {figures['stragglers']:>10}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -18,26 +18,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
-from sqlalchemy import create_engine, insert, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import insert, text
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.bench_db
+from benchmarks.bench_db import fresh_database
 from smon_server.runtime import BackgroundServer
 from smon_server.settings import Settings
 from smon_server.store import grids, migrate
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, AnalysisResult, Job
 
-ADMIN_URL = os.environ.get("SMON_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 STEPS = 500
 
 
@@ -237,12 +237,7 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=4096)
     ap.add_argument("--requests", type=int, default=40)
     args = ap.parse_args()
-    name = f"smon_bench_api_{os.getpid()}"
-    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    try:
+    with fresh_database("smon_bench_api") as url:
         db = Database(url)
         migrate.upgrade(db)
         started = time.monotonic()
@@ -316,10 +311,6 @@ def main() -> int:
                 )
             )
             heat_body = len(h.get(f"/api/v1/jobs/{big}/heatmap").content)
-    finally:
-        admin.dispose()
-        with create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT").connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
     print(
         f"API latency, {args.jobs} jobs x 64 ranks + one {args.ranks}-rank job, "

@@ -24,24 +24,21 @@ import io
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import grpc
 import psycopg
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.factories (step records) and tests.server_process
 
+from benchmarks.bench_db import fresh_database  # noqa: E402
 from smon.v1 import ingest_pb2 as pb  # noqa: E402
 from smon_server.store import partitions  # noqa: E402
 from smon_server.store.db import Database  # noqa: E402
 from tests import factories as f  # noqa: E402
 from tests.server_process import free_port, start_server  # noqa: E402
-
-ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 def batches(job: str, rank: int, world: int, count: int, per_batch: int) -> list[bytes]:
@@ -102,15 +99,14 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--per-batch", type=int, default=100)
     args = parser.parse_args()
-    name = f"smon_bench_ingest_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(ADMIN_URL).set(database=name)
+    with fresh_database("smon_bench_ingest") as database_url:
+        run(args, make_url(database_url))
+
+
+def run(args: argparse.Namespace, url: URL) -> None:
     http, grpc_port = free_port(), free_port()
-    server = start_server(
-        url.render_as_string(hide_password=False), http, grpc_port, {"SMON_ANALYSIS_INTERVAL": "3600"}
-    )
+    env = {"SMON_ANALYSIS_INTERVAL": "3600"}
+    server = start_server(url.render_as_string(hide_password=False), http, grpc_port, env)
     try:
         per_job = max(1, args.agents // args.jobs)
         payloads = [
@@ -141,9 +137,6 @@ def main() -> None:
     finally:
         server.kill()
         server.wait(10)
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 if __name__ == "__main__":
