@@ -73,6 +73,14 @@ def analysed_summary(server: BackgroundServer, job: str, steps: int = STEPS) -> 
     return dict(response.json())
 
 
+def brief(summary: dict[str, Any]) -> str:
+    """What a failed blame assertion needs to be understood from a CI log alone."""
+    keys = ("slowdown", "simulation_discrepancy", "attribution", "stragglers")
+    shown = {k: summary.get(k) for k in keys}
+    shown["diagnoses"] = [(d["cause"], d["share"], d["evidence"]) for d in summary.get("diagnoses", [])]
+    return json.dumps(shown, default=str)[:6000]
+
+
 def start_job(server: BackgroundServer, name: str, args: list[str], tmp_path: Path) -> str:
     job = f"{name}-{time.time_ns()}"
     done = run_job(args, env={"SMON_SERVER": server.grpc_target, "SMON_JOB": job}, report=tmp_path / "report")
@@ -94,7 +102,7 @@ def test_slow_forward_rank_is_the_straggler(live_server: BackgroundServer, tmp_p
     summary = analysed_summary(live_server, job)
 
     assert summary["steps_seen"] >= STEPS - WARMUP - 2
-    assert summary["stragglers"][0]["rank"] == 1
+    assert summary["stragglers"][0]["rank"] == 1, brief(summary)
     assert summary["diagnoses"][0]["cause"] == "slow_worker"
     assert summary["attribution"]["by_dp_rank"]["1"] == max(summary["attribution"]["by_dp_rank"].values())
 
@@ -106,23 +114,23 @@ def test_slow_forward_rank_is_the_straggler(live_server: BackgroundServer, tmp_p
         sum(p.get(k, 0.0) for k in ("data_wait", "forward", "backward", "optimizer")) for p in phases
     )
     implied = (base + delay) / base
-    assert summary["slowdown"] == pytest.approx(implied, rel=0.2)
-    assert summary["slowdown"] >= 1.1
+    assert summary["slowdown"] == pytest.approx(implied, rel=0.2), brief(summary)
+    assert summary["slowdown"] >= 1.1, brief(summary)
 
 
 def test_no_straggler_means_no_blame(live_server: BackgroundServer, tmp_path: Path) -> None:
     job = start_job(live_server, "healthy", [], tmp_path)
     summary = analysed_summary(live_server, job)
     assert summary["steps_seen"] >= STEPS - WARMUP - 2
-    assert summary["slowdown"] < 1.1
-    assert summary["stragglers"] == []
+    assert summary["slowdown"] < 1.1, brief(summary)
+    assert summary["stragglers"] == [], brief(summary)
 
 
 def test_slow_data_loader_is_diagnosed(live_server: BackgroundServer, tmp_path: Path) -> None:
     args = ["--slow-data-rank", "2", "--data-delay", "0.04"]
     job = start_job(live_server, "slowdata", args, tmp_path)
     summary = analysed_summary(live_server, job)
-    assert summary["stragglers"][0]["rank"] == 2
+    assert summary["stragglers"][0]["rank"] == 2, brief(summary)
     assert summary["diagnoses"][0]["cause"] == "data_loader"
 
 

@@ -28,7 +28,7 @@ from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Agent
 from tests.conftest import server_settings
 from tests.e2e.processes import run_job_command
-from tests.e2e.test_ddp_jobs import analysed_summary
+from tests.e2e.test_ddp_jobs import analysed_summary, brief
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -103,8 +103,8 @@ def check_grounded(summary: dict[str, Any]) -> None:
 def test_healthy_usual_loop_blames_nobody(live_server: BackgroundServer, clean: dict[str, Any]) -> None:
     summary = clean["summary"]
     check_grounded(summary)
-    assert summary["stragglers"] == []
-    assert summary["slowdown"] < 1.1
+    assert summary["stragglers"] == [], brief(summary)
+    assert summary["slowdown"] < 1.1, brief(summary)
     assert not STRAGGLING_CAUSES & {d["cause"] for d in summary["diagnoses"]}
     assert live_server.context is not None
     with live_server.context.db.session() as session:
@@ -121,8 +121,8 @@ def test_untimed_host_work_is_named_on_its_rank(
     check_grounded(summary)
     measured = truth(tmp_path, clean)
     assert measured > 1.15  # the injection is material, or the test proves nothing
-    assert summary["slowdown"] == pytest.approx(measured, rel=0.25)
-    assert [(s["rank"], s["cause"]) for s in summary["stragglers"]] == [(1, "host_work")]
+    assert summary["slowdown"] == pytest.approx(measured, rel=0.25), brief(summary)
+    assert [(s["rank"], s["cause"]) for s in summary["stragglers"]] == [(1, "host_work")], brief(summary)
     assert summary["stragglers"][0]["evidence"]["op_type"] == "host"
     assert summary["diagnoses"][0]["cause"] == "host_work"
     assert "rank 1" in summary["diagnoses"][0]["recommendation"]
@@ -140,8 +140,8 @@ def test_rank0_periodic_evaluation_is_named_with_its_period(
     check_grounded(summary)
     measured = truth(tmp_path, clean, "mean")
     assert measured > 1.1
-    assert summary["slowdown"] == pytest.approx(measured, rel=0.25)
-    assert [(s["rank"], s["cause"]) for s in summary["stragglers"]] == [(0, "host_work")]
+    assert summary["slowdown"] == pytest.approx(measured, rel=0.25), brief(summary)
+    assert [(s["rank"], s["cause"]) for s in summary["stragglers"]] == [(0, "host_work")], brief(summary)
     evidence = summary["stragglers"][0]["evidence"]
     assert evidence["op_type"] in ("eval", "host")
     assert evidence["every_n_steps"] == 10
@@ -157,6 +157,6 @@ def test_slow_forward_under_gradient_accumulation(
     check_grounded(summary)
     measured = truth(tmp_path, clean)
     assert measured > 1.15
-    assert summary["slowdown"] == pytest.approx(measured, rel=0.25)
-    assert [(s["rank"], s["cause"]) for s in summary["stragglers"]] == [(1, "slow_worker")]
+    assert summary["slowdown"] == pytest.approx(measured, rel=0.25), brief(summary)
+    assert [(s["rank"], s["cause"]) for s in summary["stragglers"]] == [(1, "slow_worker")], brief(summary)
     assert summary["diagnoses"][0]["cause"] == "slow_worker"
