@@ -14,6 +14,8 @@ Delivery rules (DESIGN §4, §8):
   exponential backoff, capped.
 - At most `max_unacked_batches` are in flight; past that, records wait in the bounded queue, which
   drops its oldest when full (counted in AgentCounters.dropped_records).
+- An Ack with `throttle_seconds` (the server's writes are behind) holds records back that long
+  (capped); they then go out in fewer, larger batches. Heartbeats and close() are not held.
 - close() flushes for at most `flush_timeout` seconds, then gives up and says what was lost. Its
   last batch carries `final = true` (the server then knows this agent ended rather than died);
   close waits for that ack only while a connection is up, so an absent server costs no exit delay
@@ -52,6 +54,12 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", 32 * 1024 * 1024),
     ("grpc.max_receive_message_length", 4 * 1024 * 1024),
 ]
+
+MAX_THROTTLE_SECONDS = 10.0
+# For a while after a throttle, batches may hold this many times max_batch_records (the server
+# accepts 10,000 records per batch by default; 4 x 256 stays well inside).
+THROTTLED_BATCH_FACTOR = 4
+THROTTLED_FOR_SECONDS = 30.0
 
 # A stream that fails with one of these codes would fail again with the same batch: drop it.
 _POISON_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -117,6 +125,8 @@ class Shipper:
         self._call: Any = None
         self._thread: threading.Thread | None = None
         self._failures = 0
+        self._hold_until = 0.0  # monotonic time before which records are held back (throttle)
+        self.throttled = 0  # Acks that asked this agent to hold back
 
     # -- public --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -326,6 +336,10 @@ class Shipper:
             entry = self._unacked.pop(ack.seq, None)
             if entry is not None:
                 self.acked_batches += 1
+            if ack.throttle_seconds > 0:
+                self.throttled += 1
+                hold = min(ack.throttle_seconds, MAX_THROTTLE_SECONDS)
+                self._hold_until = max(self._hold_until, time.monotonic() + hold)
         for rejection in ack.rejections:
             self._once(
                 f"rejected:{rejection.reason}",
@@ -369,13 +383,14 @@ class Shipper:
             try:
                 closing = self._closing.is_set()
                 has_records = len(self._records) > 0
-                window_open = len(self._unacked) < cfg.max_unacked_batches
+                held = not closing and now < self._hold_until
+                window_open = len(self._unacked) < cfg.max_unacked_batches and not held
                 records_due = (
                     has_records
                     and window_open
                     and (
                         closing
-                        or len(self._records) >= cfg.max_batch_records
+                        or len(self._records) >= self._batch_limit()
                         or now - last_records_sent >= cfg.flush_interval
                     )
                 )
@@ -395,6 +410,8 @@ class Shipper:
                         last_records_sent = now
                 elif has_records and window_open:
                     wait = min(wait, cfg.flush_interval - (now - last_records_sent))
+                elif has_records and held:
+                    wait = min(wait, self._hold_until - now)
                 if now - self._clock_checked_at >= cfg.clock_refresh_interval:
                     self._refresh_clock(stub)
             except Exception as exc:
@@ -406,6 +423,12 @@ class Shipper:
             self._kick.wait(max(0.001, wait))
             self._kick.clear()
 
+    def _batch_limit(self) -> int:
+        limit = self._config.max_batch_records
+        if self.throttled and time.monotonic() - self._hold_until < THROTTLED_FOR_SECONDS:
+            return limit * THROTTLED_BATCH_FACTOR
+        return limit
+
     def _cut_batch(self, *, records: bool = True, final: bool = False) -> pb.Batch:
         """Take queued records into a new batch with the current heartbeat and counters."""
         steps: list[pb.StepRecord] = []
@@ -414,7 +437,7 @@ class Shipper:
             self._cutting = records
         try:
             if records:
-                for item in self._records.drain(self._config.max_batch_records):
+                for item in self._records.drain(self._batch_limit()):
                     (steps if isinstance(item, pb.StepRecord) else samples).append(item)
             try:
                 heartbeat = self._heartbeat()

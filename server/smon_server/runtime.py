@@ -15,6 +15,7 @@ import uvicorn
 from smon_server.alerts.sender import sender_loop
 from smon_server.api.main import create_app
 from smon_server.context import ServerContext
+from smon_server.ingest.commits import GroupCommitter
 from smon_server.ingest.service import IngestService, make_grpc_server
 from smon_server.ingest.validate import Limits
 from smon_server.jobs.loop import analysis_loop
@@ -49,8 +50,14 @@ async def serve(
         await asyncio.to_thread(migrate.upgrade, context.db)
 
     wake = asyncio.Event()
-    service = IngestService(
+    committer = GroupCommitter(
         context.db,
+        max_group_records=settings.ingest_group_records,
+        max_pending_records=settings.ingest_pending_records,
+    )
+    committer.start()
+    service = IngestService(
+        committer,
         context.ingest_stats,
         on_final=wake.set,
         limits=Limits(
@@ -100,6 +107,7 @@ async def serve(
         with contextlib.suppress(Exception):
             await http_task
         await grpc_server.stop(grace=2.0)
+        await asyncio.to_thread(committer.stop)
         for task in (loop_task, sender_task):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

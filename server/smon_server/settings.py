@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     max_message_bytes: Annotated[int, Field(gt=0)] = 32 * 1024 * 1024
     max_spans_per_step: Annotated[int, Field(gt=0)] = 4096
     max_duration_seconds: Annotated[float, Field(gt=0)] = 86_400.0
+    # Group commit (ingest/commits.py): records per transaction at most, and records waiting to be
+    # written before streams stop taking batches in (past half of it, Acks ask agents to throttle).
+    ingest_group_records: Annotated[int, Field(gt=0)] = 50_000
+    ingest_pending_records: Annotated[int, Field(gt=0)] = 200_000
 
     metrics_top_k: Annotated[int, Field(ge=0)] = 5
     # Finished jobs' series stay this long after the job was last heard from, then go away.

@@ -51,6 +51,8 @@ class RecordingIngest(BatchLog, pb_grpc.IngestServicer):
         self.ack = True
         self.rejection: pb.Rejection | None = None
         self.clock_calls = 0
+        self.throttle_next = 0.0  # the next record batch's Ack asks the agent to hold back this long
+        self.received_at: list[float] = []  # time.monotonic() of each batch, as `batches`
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
 
@@ -64,6 +66,7 @@ class RecordingIngest(BatchLog, pb_grpc.IngestServicer):
         for batch in request_iterator:
             with self._changed:
                 self.batches.append(batch)
+                self.received_at.append(time.monotonic())
                 self._changed.notify_all()
                 drop = False
                 if self.drop_streams_on_records and (batch.steps or batch.gpu_samples):
@@ -76,6 +79,8 @@ class RecordingIngest(BatchLog, pb_grpc.IngestServicer):
             ack = pb.Ack(
                 agent_id=batch.agent_id, seq=batch.seq, accepted=len(batch.steps) + len(batch.gpu_samples)
             )
+            if self.throttle_next and (batch.steps or batch.gpu_samples):
+                ack.throttle_seconds, self.throttle_next = self.throttle_next, 0.0
             if self.rejection is not None and batch.steps:
                 ack.rejected = 1
                 ack.accepted -= 1

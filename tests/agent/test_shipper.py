@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import grpc
@@ -44,6 +45,31 @@ def test_batches_by_time(ingest, attach_fast):
     batches = record_batches(ingest.servicer)
     assert len(batches) <= 2  # five steps 10 ms apart share a batch
     assert batches[-1].sent_time - ended < 1.0
+
+
+def test_throttled_ack_holds_records_back_then_sends_larger_batches(ingest, attach_fast):
+    hold = 0.6
+    ingest.servicer.throttle_next = hold
+    mon = attach_fast(server=ingest.address, max_batch_records=5, flush_interval=0.05)
+    for _ in range(40):
+        mon.step()
+        time.sleep(0.01)
+    assert ingest.servicer.wait_for(lambda s: s.step_numbers() == list(range(40)))
+    with ingest.servicer._lock:
+        arrivals = [
+            (t, len(b.steps))
+            for t, b in zip(ingest.servicer.received_at, ingest.servicer.batches, strict=True)
+            if b.steps
+        ]
+    # The first Ack said hold back: after the batches already in flight, nothing with records came
+    # while the hold lasted, and what piled up meanwhile came in batches larger than
+    # max_batch_records (only a throttled agent cuts those).
+    gaps = [(later[0] - earlier[0], later[1]) for earlier, later in itertools.pairwise(arrivals)]
+    gap, after = max(gaps)
+    assert gap >= 0.9 * hold, arrivals
+    assert after > 5, arrivals
+    mon.close()
+    assert mon.counters()["dropped_records"] == 0
 
 
 def test_resends_unacked_batch_with_same_seq_after_stream_drop(ingest, attach_fast):

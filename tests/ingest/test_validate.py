@@ -26,10 +26,10 @@ def test_valid_batch_keeps_every_record_and_shifts_to_server_clock() -> None:
     b.clock_offset = 2.5
     out = v.validate_batch(b, LIMITS)
     assert out.rejections == []
-    assert [row["step"] for row in out.steps] == [0, 1]
-    assert out.steps[0]["start_time"] == pytest.approx(f.T0 + 2.5)
+    assert out.steps.step.tolist() == [0, 1]
+    assert out.steps.start_time[0] == pytest.approx(f.T0 + 2.5)
     # span starts are stored relative to the step start, so the offset does not touch them
-    assert out.steps[0]["spans"][0][:2] == ("data_wait", 0.0)
+    assert out.steps.spans(0)[0][:2] == ("data_wait", 0.0)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +50,7 @@ def test_bad_record_is_rejected_and_neighbours_kept(mutate, reason: str) -> None
     bad = good(1)
     mutate(bad)
     out = v.validate_batch(_batch_with([good(0), bad, good(2)]), LIMITS)
-    assert [row["step"] for row in out.steps] == [0, 2]
+    assert out.steps.step.tolist() == [0, 2]
     assert [(r.kind, r.index, r.reason) for r in out.rejections] == [("step", 1, reason)]
 
 

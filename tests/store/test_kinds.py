@@ -31,7 +31,7 @@ def test_a_full_dictionary_refuses_the_records_that_need_a_new_kind(
     steps[3].spans.add(kind="eval", start=steps[3].start_time, duration=0.001)  # a sixth
     second = f.batch("full", 0, 1, seq=2, steps=steps[2:])
     result = write_batch(db, validate_batch(second, Limits()), now=f.T0)
-    assert [row["step"] for row in result.stored.steps] == [2, 4]
+    assert result.stored.steps.step.tolist() == [2, 4]
     assert [r.reason for r in result.stored.rejections] == [TOO_MANY_KINDS]
     with db.session() as session:
         assert session.scalar(select(func.count()).select_from(StepRecord)) == 4

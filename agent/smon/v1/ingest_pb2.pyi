@@ -210,20 +210,22 @@ class Rejection(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., index: _Optional[int] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("agent_id", "seq", "accepted", "rejected", "rejections", "duplicate")
+    __slots__ = ("agent_id", "seq", "accepted", "rejected", "rejections", "duplicate", "throttle_seconds")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     seq: int
     accepted: int
     rejected: int
     rejections: _containers.RepeatedCompositeFieldContainer[Rejection]
     duplicate: bool
-    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    throttle_seconds: float
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., duplicate: _Optional[bool] = ..., throttle_seconds: _Optional[float] = ...) -> None: ...
 
 class ClockRequest(_message.Message):
     __slots__ = ("agent_time",)

@@ -1,13 +1,14 @@
 """The gRPC ingest service (grpc.aio): agents stream batches, each is acked once committed.
 
 Requests arrive as raw bytes and are parsed here, so a malformed message gets a clear
-INVALID_ARGUMENT instead of grpc's generic deserialisation failure. A database failure is answered
-with UNAVAILABLE and no ack: the agent keeps the batch and resends it after reconnecting.
+INVALID_ARGUMENT instead of grpc's generic deserialisation failure. Valid batches are written by the
+group committer (commits.py), many streams' batches per transaction; each Ack carries its
+`throttle_seconds` hint. A database failure is answered with UNAVAILABLE and no ack: the agent keeps
+the batch and resends it after reconnecting.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import logging
 import time
@@ -17,11 +18,10 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from smon.v1 import ingest_pb2 as pb
+from smon_server.ingest.commits import GroupCommitter
 from smon_server.ingest.validate import BatchRejected, Limits, validate_batch
 from smon_server.metrics.ingest_stats import IngestStats
-from smon_server.store.db import Database
 from smon_server.store.rows import ValidBatch
-from smon_server.store.writes import write_batch
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ UNAUTHENTICATED = "unauthenticated"
 class IngestService:
     def __init__(
         self,
-        db: Database,
+        committer: GroupCommitter,
         stats: IngestStats,
         *,
         limits: Limits,
@@ -42,7 +42,7 @@ class IngestService:
         on_final: Callable[[], None] | None = None,
     ) -> None:
         self.on_final = on_final  # an agent said goodbye: its job may have finished, analyse now
-        self.db = db
+        self.committer = committer
         self.stats = stats
         self.limits = limits
         self.token = token
@@ -107,7 +107,7 @@ class IngestService:
                 ],
             )
         try:
-            result = await asyncio.to_thread(write_batch, self.db, valid, self.clock())
+            result = await self.committer.write(valid)
         except Exception:
             log.exception("storing batch %s/%d failed", valid.agent_id, valid.seq)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later")
@@ -123,6 +123,7 @@ class IngestService:
             rejected=len(valid.rejections),
             rejections=valid.rejections,
             duplicate=result.duplicate,
+            throttle_seconds=self.committer.throttle_seconds(),
         )
 
     def _count(self, valid: ValidBatch, *, duplicate: bool) -> None:

@@ -7,16 +7,18 @@ with a machine-readable reason the agent sees in its Ack and the server counts i
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
 from smon.v1 import ingest_pb2 as pb
 from smon_server.columns import spans_from_phases
 from smon_server.store import codec
-from smon_server.store.rows import ValidBatch
+from smon_server.store.rows import StepBlock, ValidBatch
 
 # Reasons (stable strings: they appear in Acks and in smon_ingest_rejected_total{reason}).
 MISSING_AGENT_ID = "missing_agent_id"
@@ -91,20 +93,10 @@ def validate_batch(batch: pb.Batch, limits: Limits) -> ValidBatch:
     )
     out.unknown_fields = _count_unknown(batch)
 
-    budget = limits.max_batch_records
-    seen_steps: set[int] = set()
-    for index, record in enumerate(batch.steps):
-        if budget <= 0:
-            out.rejections.append(_reject("step", index, BATCH_TOO_LARGE, "over max_batch_records"))
-            continue
-        reason = _check_step(record, limits) or (DUPLICATE_STEP if record.step in seen_steps else None)
-        if reason is not None:
-            out.rejections.append(_reject("step", index, reason, f"step {record.step}"))
-            continue
-        budget -= 1
-        seen_steps.add(record.step)
-        out.unknown_fields += _count_unknown(record)
-        out.steps.append(_step_row(record, out, offset))
+    out.steps, rejected = _step_block(batch.steps, limits, offset)
+    out.rejections.extend(rejected)
+    out.unknown_fields += sum(_count_unknown(record) for record in batch.steps)
+    budget = limits.max_batch_records - len(out.steps)
     for index, sample in enumerate(batch.gpu_samples):
         if budget <= 0:
             out.rejections.append(_reject("gpu_sample", index, BATCH_TOO_LARGE, "over max_batch_records"))
@@ -129,65 +121,156 @@ def _count_unknown(message: Message) -> int:
     return len(unknown_fields.UnknownFieldSet(message))
 
 
-def _check_step(record: pb.StepRecord, limits: Limits) -> str | None:
-    if record.step < 0:
-        return NEGATIVE_STEP
-    numbers = [record.start_time, record.end_time, record.duration, record.gc_seconds]
-    numbers.extend(record.phases.values())
-    for span in record.spans:
-        numbers.append(span.start)
-        numbers.append(span.duration)
-    if not all(math.isfinite(x) for x in numbers):
-        return NON_FINITE
-    if record.start_time <= 0 or record.end_time <= 0:
-        return BAD_TIME
-    if record.end_time + _TIME_SLACK < record.start_time:
-        return END_BEFORE_START
-    durations = [record.duration, record.gc_seconds, *record.phases.values()]
-    durations.extend(span.duration for span in record.spans)
-    if min(durations) < 0:
-        return NEGATIVE_DURATION
-    if max(durations) > limits.max_duration_seconds:
-        return ABSURD_DURATION
-    if len(record.spans) > limits.max_spans_per_step:
-        return TOO_MANY_SPANS
-    names = [*record.phases.keys(), *(span.kind for span in record.spans)]
-    if any(not name or len(name) > MAX_NAME_LENGTH or "\x00" in name for name in names):
-        return BAD_NAME
-    for span in record.spans:
-        if not (-1 <= span.microbatch <= codec.MAX_MICROBATCH and 0 <= span.chunk <= codec.MAX_CHUNK):
-            return BAD_SPAN
-    if any(not -32768 <= m.microbatch <= codec.MAX_MICROBATCH for m in record.microbatch_seq):
-        return BAD_SPAN
-    if not math.isfinite(record.seq.sum_sq) or record.seq.sum_sq < 0:
-        return NON_FINITE
-    return None
+def _step_block(
+    records: Sequence[pb.StepRecord], limits: Limits, offset: float
+) -> tuple[StepBlock, list[pb.Rejection]]:
+    """The valid records as columns, and a rejection for each other one.
 
+    Every check runs on whole columns; a record gets the first reason that applies, in the order
+    below, then records past the batch's budget and repeats of a step already kept are refused."""
+    n = len(records)
+    if n == 0:
+        return StepBlock.empty(), []
+    step = np.array([r.step for r in records], dtype=np.int64)
+    start = np.array([r.start_time for r in records], dtype=np.float64)
+    end = np.array([r.end_time for r in records], dtype=np.float64)
+    duration = np.array([r.duration for r in records], dtype=np.float64)
+    gc_seconds = np.array([r.gc_seconds for r in records], dtype=np.float64)
+    span_lists = [r.spans for r in records]
+    spans = [s for listed in span_lists for s in listed]
+    span_count = np.array([len(listed) for listed in span_lists], dtype=np.int64)
+    span_record = np.repeat(np.arange(n), span_count)
+    s_start = np.array([s.start for s in spans], dtype=np.float64)
+    s_duration = np.array([s.duration for s in spans], dtype=np.float64)
+    s_microbatch = np.array([s.microbatch if s.HasField("microbatch") else -1 for s in spans], dtype=np.int64)
+    s_chunk = np.array([s.chunk for s in spans], dtype=np.int64)
+    s_kinds = [s.kind for s in spans]
+    phase_maps = [r.phases for r in records]
+    phase_names = [k for p in phase_maps for k in p]  # iterating the map itself stays in C
+    phase_record = np.repeat(np.arange(n), [len(p) for p in phase_maps])
+    p_values = np.array([p[k] for p in phase_maps for k in p], dtype=np.float64)
+    # A sub-message is a new Python object on every access: touch `seq` only where it is set.
+    seqs = {i: r.seq for i, r in enumerate(records) if r.HasField("seq")}
+    sum_sq = np.zeros(n, dtype=np.float64)
+    sum_sq[list(seqs)] = [q.sum_sq for q in seqs.values()]
 
-def _step_row(record: pb.StepRecord, batch: ValidBatch, offset: float) -> dict[str, Any]:
-    """The record as store/writes.py takes it: spans relative to the step's start (compact, and
-    independent of clock offsets) in start order, an enclosing span before those it contains."""
-    start = record.start_time
-    spans = [
-        (s.kind, s.start - start, s.duration, s.microbatch if s.HasField("microbatch") else -1, s.chunk)
-        for s in record.spans
-    ] or spans_from_phases(record.phases)
-    spans.sort(key=lambda s: (s[1], -s[2]))
-    seq = record.seq
-    return {
-        "rank": batch.coords.rank,
-        "step": record.step,
-        "start_time": start + offset,
-        "duration": record.duration,
-        "gc_count": min(record.gc_count, codec.MAX_GC_COUNT),
-        "gc_seconds": record.gc_seconds,
-        "spans": spans,
-        "seq_total": (seq.count, seq.max_len, seq.tokens, seq.sum_sq) if seq.count else None,
-        "seq_microbatches": [
-            (m.microbatch, m.seq.count, m.seq.max_len, m.seq.tokens, m.seq.sum_sq)
-            for m in record.microbatch_seq
+    def any_per_record(flags: np.ndarray, owner: np.ndarray) -> np.ndarray:
+        return np.bincount(owner[flags], minlength=n) > 0
+
+    names = set(s_kinds).union(phase_names)
+    bad_names = {x for x in names if not x or len(x) > MAX_NAME_LENGTH or "\x00" in x}
+    all_finite = np.isfinite(start) & np.isfinite(end) & np.isfinite(duration) & np.isfinite(gc_seconds)
+    negative = (duration < 0) | (gc_seconds < 0)
+    absurd = (duration > limits.max_duration_seconds) | (gc_seconds > limits.max_duration_seconds)
+    for values, owner in ((p_values, phase_record), (s_start, span_record), (s_duration, span_record)):
+        all_finite &= ~any_per_record(~np.isfinite(values), owner)
+    for values, owner in ((p_values, phase_record), (s_duration, span_record)):
+        negative |= any_per_record(values < 0, owner)
+        absurd |= any_per_record(values > limits.max_duration_seconds, owner)
+    bad_span = any_per_record(
+        (s_microbatch < -1)
+        | (s_microbatch > codec.MAX_MICROBATCH)
+        | (s_chunk < 0)
+        | (s_chunk > codec.MAX_CHUNK),
+        span_record,
+    )
+    microbatch_seq: list[list[pb.MicroBatchSequences]] = [[] for _ in range(n)]
+    for i, record in enumerate(records):
+        if len(record.microbatch_seq):
+            microbatch_seq[i] = list(record.microbatch_seq)
+            bad_span[i] |= any(not -32768 <= m.microbatch <= codec.MAX_MICROBATCH for m in microbatch_seq[i])
+    bad_name = np.zeros(n, dtype=bool)
+    if bad_names:
+        bad_name |= any_per_record(np.array([k in bad_names for k in s_kinds], dtype=bool), span_record)
+        bad_name |= any_per_record(np.array([k in bad_names for k in phase_names], dtype=bool), phase_record)
+
+    checks = (
+        (step < 0, NEGATIVE_STEP),
+        (~all_finite, NON_FINITE),
+        (np.nan_to_num(start) <= 0, BAD_TIME),
+        (np.nan_to_num(end) <= 0, BAD_TIME),
+        (end + _TIME_SLACK < start, END_BEFORE_START),
+        (negative, NEGATIVE_DURATION),
+        (absurd, ABSURD_DURATION),
+        (span_count > limits.max_spans_per_step, TOO_MANY_SPANS),
+        (bad_name, BAD_NAME),
+        (bad_span, BAD_SPAN),
+        (~np.isfinite(sum_sq) | (sum_sq < 0), NON_FINITE),
+    )
+    reason: list[str | None] = [None] * n
+    failed = np.zeros(n, dtype=bool)
+    for flags, name in checks:
+        for i in np.flatnonzero(flags & ~failed).tolist():
+            reason[i] = name
+        failed |= flags
+    # In record order: a valid record is kept while the budget lasts and its step is new.
+    kept_steps: set[int] = set()
+    budget = limits.max_batch_records
+    keep = np.zeros(n, dtype=bool)
+    rejections = []
+    for i, s in enumerate(step.tolist()):
+        why = BATCH_TOO_LARGE if budget <= 0 else reason[i] or (DUPLICATE_STEP if s in kept_steps else None)
+        if why is not None:
+            detail = "over max_batch_records" if why == BATCH_TOO_LARGE else f"step {s}"
+            rejections.append(_reject("step", i, why, detail))
+            continue
+        keep[i] = True
+        kept_steps.add(s)
+        budget -= 1
+
+    # Records with phase totals but no spans get their phases laid end to end as spans.
+    kind_index = {k: i for i, k in enumerate(dict.fromkeys(s_kinds))}
+    kind = list(map(kind_index.__getitem__, s_kinds))
+    rel_start = s_start - start[span_record]
+    extra = [
+        (i, kind_index.setdefault(k, len(kind_index)), a, d)
+        for i in np.flatnonzero(keep & (span_count == 0)).tolist()
+        for k, a, d, _, _ in spans_from_phases(phase_maps[i])
+    ]
+    if extra:
+        e_record, e_kind, e_start, e_duration = (np.array(c) for c in zip(*extra, strict=True))
+        span_record = np.r_[span_record, e_record.astype(np.int64)]
+        kind += e_kind.tolist()
+        rel_start = np.r_[rel_start, e_start.astype(np.float64)]
+        s_duration = np.r_[s_duration, e_duration.astype(np.float64)]
+        s_microbatch = np.r_[s_microbatch, np.full(len(extra), -1, np.int64)]
+        s_chunk = np.r_[s_chunk, np.zeros(len(extra), np.int64)]
+    span_keep = keep[span_record]
+    order = np.lexsort((-s_duration, rel_start, span_record))  # an enclosing span before its contents
+    order = order[span_keep[order]]
+    kept_records = np.flatnonzero(keep).tolist()
+    block = StepBlock(
+        step=step[keep],
+        start_time=start[keep] + offset,
+        duration=duration[keep],
+        gc_count=np.minimum([r.gc_count for r in records], codec.MAX_GC_COUNT).astype(np.int64)[keep],
+        gc_seconds=gc_seconds[keep],
+        span_offsets=np.r_[0, np.cumsum(np.bincount(span_record[order], minlength=n)[keep])].astype(np.int64),
+        kind_names=tuple(kind_index),
+        span_kind=np.asarray(kind, dtype=np.int64)[order],
+        span_start=rel_start[order],
+        span_duration=s_duration[order],
+        span_microbatch=s_microbatch[order],
+        span_chunk=s_chunk[order],
+        seq_total=[
+            codec.pack_seq_total((q.count, q.max_len, q.tokens, q.sum_sq))
+            if q is not None and q.count
+            else None
+            for q in (seqs.get(i) for i in kept_records)
         ],
-    }
+        seq_microbatches=[
+            codec.pack_seq_microbatches(
+                [
+                    (m.microbatch, m.seq.count, m.seq.max_len, m.seq.tokens, m.seq.sum_sq)
+                    for m in microbatch_seq[i]
+                ]
+            )
+            if microbatch_seq[i]
+            else None
+            for i in kept_records
+        ],
+    )
+    return block, rejections
 
 
 _GPU_FLOAT_FIELDS = (

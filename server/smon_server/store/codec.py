@@ -44,6 +44,16 @@ def pack_spans(spans: Sequence[SpanTuple]) -> bytes:
     return out.tobytes()
 
 
+def pack_span_columns(
+    kind: np.ndarray, microbatch: np.ndarray, chunk: np.ndarray, start: np.ndarray, duration: np.ndarray
+) -> bytes:
+    """Many records' spans, one after another, from columns: slice per record at 14-byte rows."""
+    out = np.empty(kind.shape[0], dtype=SPAN)
+    out["kind"], out["microbatch"], out["chunk"] = kind, microbatch, chunk
+    out["start"], out["duration"] = start, duration
+    return out.tobytes()
+
+
 def pack_seq_total(seq: SeqTuple | None) -> bytes | None:
     return None if seq is None else np.array([seq], dtype=SEQ_TOTAL).tobytes()
 

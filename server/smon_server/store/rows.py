@@ -5,10 +5,86 @@ They live here, not with their producers or consumers, so that the store depends
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+import numpy as np
+
 import smon.v1.ingest_pb2 as pb
+
+
+@dataclass(frozen=True)
+class StepBlock:
+    """A batch's valid step records as columns, one numpy array per field (ingest/validate.py
+    builds it, store/writes.py writes it), so a batch of a hundred records costs a few dozen array
+    operations instead of a Python object per record and span."""
+
+    step: np.ndarray  # int64 [records]
+    start_time: np.ndarray  # float64: Unix seconds on the server's clock
+    duration: np.ndarray  # float64 seconds
+    gc_count: np.ndarray  # int64, clipped to what the stored column holds
+    gc_seconds: np.ndarray  # float64
+    span_offsets: np.ndarray  # int64 [records + 1]: record i's spans are [offsets[i], offsets[i + 1])
+    kind_names: tuple[str, ...]  # the span kinds this block uses
+    span_kind: np.ndarray  # int64 [spans]: index into kind_names
+    span_start: np.ndarray  # float64: seconds from the record's start; in start order per record
+    span_duration: np.ndarray  # float64
+    span_microbatch: np.ndarray  # int64, -1 when not per micro-batch
+    span_chunk: np.ndarray  # int64
+    seq_total: list[bytes | None]  # packed per record (store/codec.py)
+    seq_microbatches: list[bytes | None]
+
+    def __len__(self) -> int:
+        return int(self.step.shape[0])
+
+    @classmethod
+    def empty(cls) -> StepBlock:
+        f8, i8 = np.zeros(0, np.float64), np.zeros(0, np.int64)
+        return cls(
+            step=i8, start_time=f8, duration=f8, gc_count=i8, gc_seconds=f8,
+            span_offsets=np.zeros(1, np.int64), kind_names=(), span_kind=i8, span_start=f8,
+            span_duration=f8, span_microbatch=i8, span_chunk=i8, seq_total=[], seq_microbatches=[],
+        )  # fmt: skip
+
+    def take(self, keep: np.ndarray) -> StepBlock:
+        """The records where the boolean mask `keep` is true, with their spans."""
+        if bool(keep.all()):
+            return self
+        counts = np.diff(self.span_offsets)
+        span_keep = np.repeat(keep, counts)
+        per_record = {
+            f.name: getattr(self, f.name)[keep]
+            for f in fields(self)
+            if f.name in ("step", "start_time", "duration", "gc_count", "gc_seconds")
+        }
+        per_span = {
+            name: getattr(self, name)[span_keep]
+            for name in ("span_kind", "span_start", "span_duration", "span_microbatch", "span_chunk")
+        }
+        rows = np.flatnonzero(keep).tolist()
+        return replace(
+            self,
+            **per_record,
+            **per_span,
+            span_offsets=np.r_[0, np.cumsum(counts[keep])].astype(np.int64),
+            seq_total=[self.seq_total[i] for i in rows],
+            seq_microbatches=[self.seq_microbatches[i] for i in rows],
+        )
+
+    def spans(self, record: int) -> list[tuple[str, float, float, int, int]]:
+        """(kind, start from the record's start, duration, micro-batch, chunk) of one record."""
+        lo, hi = int(self.span_offsets[record]), int(self.span_offsets[record + 1])
+        return [
+            (self.kind_names[k], s, d, m, c)
+            for k, s, d, m, c in zip(
+                self.span_kind[lo:hi].tolist(),
+                self.span_start[lo:hi].tolist(),
+                self.span_duration[lo:hi].tolist(),
+                self.span_microbatch[lo:hi].tolist(),
+                self.span_chunk[lo:hi].tolist(),
+                strict=True,
+            )
+        ]
 
 
 @dataclass
@@ -19,7 +95,7 @@ class ValidBatch:
     coords: pb.Coordinates
     clock_offset: float
     final: bool
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: StepBlock = field(default_factory=StepBlock.empty)
     gpu_samples: list[dict[str, Any]] = field(default_factory=list)
     heartbeat: pb.Heartbeat | None = None
     counters: pb.AgentCounters | None = None

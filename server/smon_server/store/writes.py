@@ -1,19 +1,26 @@
-"""Write one validated batch in one transaction: a batch is acked only after this commits.
+"""Write validated batches, many in one transaction (group commit): a batch is acked only after
+the transaction holding it commits.
 
-The (agent_id, seq) row is inserted first; if it already exists the batch is a resend and nothing
-else is written. Step records are keyed by (job, step, rank, start) and inserted with ON CONFLICT
-DO NOTHING, so a record that reaches the server twice by any route is stored once. Their spans are
-packed (store/codec.py) with kind names turned into codes first (store/kinds.py). On PostgreSQL
-the rows go in with COPY into a temporary table, then one INSERT … SELECT … ON CONFLICT.
+The (agent_id, seq) rows are inserted first; a batch whose row already exists is a resend and
+nothing else of it is written. Each job and each agent in the group is upserted once, in key
+order (so two writers never wait on each other in opposite orders). Step records are keyed by
+(job, step, rank, start); their spans are packed (store/codec.py) with kind names turned into codes
+first (store/kinds.py). On PostgreSQL all the group's step records go in with one COPY straight
+into the table; if a record was already stored by some other route, that COPY fails on the key and
+the group's records are copied again through a staging table with ON CONFLICT DO NOTHING, so each
+record is still stored once.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise, repeat
 from typing import Any
 
+import numpy as np
+import psycopg
 from sqlalchemy import case, func, insert, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
@@ -23,10 +30,11 @@ from smon_server.store import codec
 from smon_server.store.codec import MAX_KINDS
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, Base, GpuSample, IngestedBatch, Job, StepRecord
-from smon_server.store.rows import ValidBatch
+from smon_server.store.rows import StepBlock, ValidBatch
 
 _JSON_COLUMNS = {"xid_events"}
 TOO_MANY_KINDS = "too_many_kinds"
+STEP_COLUMNS = [c.name for c in StepRecord.__table__.columns]
 
 
 @dataclass(frozen=True)
@@ -38,53 +46,88 @@ class WriteResult:
 
 
 def write_batch(db: Database, batch: ValidBatch, now: float) -> WriteResult:
-    codes = db.kinds.codes(db.transaction, {span[0] for row in batch.steps for span in row["spans"]})
-    batch = _refuse_unnamed_kinds(batch, codes)
+    return write_batches(db, [batch], now)[0]
+
+
+def write_batches(db: Database, batches: Sequence[ValidBatch], now: float) -> list[WriteResult]:
+    """Store `batches` in one transaction; one result per batch, in order."""
+    names = set().union(*(b.steps.kind_names for b in batches))
+    codes = db.kinds.codes(db.transaction, names)
+    batches = [_refuse_unnamed_kinds(b, codes) for b in batches]
     with db.transaction() as session:
         dialect = session.get_bind().dialect.name
-        if not _claim_batch(session, dialect, batch, now):
-            return WriteResult(duplicate=True, stored=batch)
-        job_key = _upsert_job(session, dialect, batch, now)
-        agent_key = _upsert_agent(session, dialect, batch, now)
-        if batch.steps:
-            rows = [_step_record(row, codes, job_key, agent_key) for row in batch.steps]
-            _insert_ignoring_conflicts(session, dialect, StepRecord, rows)
-        if batch.gpu_samples:
-            _insert_ignoring_conflicts(session, dialect, GpuSample, batch.gpu_samples)
-    return WriteResult(duplicate=False, stored=batch)
+        fresh = _claim_batches(session, dialect, batches, now)
+        stored = [b for i, b in enumerate(batches) if i in fresh]
+        if stored:
+            job_keys = _upsert_jobs(session, dialect, stored, now)
+            agent_keys = _upsert_agents(session, dialect, stored, now)
+            rows = [
+                row
+                for b in stored
+                for row in _step_rows(b, codes, job_keys[b.job_id], agent_keys[b.agent_id])
+            ]
+            if rows:
+                _insert_steps(session, dialect, rows)
+            samples = [row for b in stored for row in b.gpu_samples]
+            if samples:
+                _insert_ignoring_conflicts(session, dialect, GpuSample, samples)
+    return [WriteResult(duplicate=i not in fresh, stored=b) for i, b in enumerate(batches)]
 
 
 def _refuse_unnamed_kinds(batch: ValidBatch, codes: dict[str, int]) -> ValidBatch:
-    kept = [row for row in batch.steps if all(span[0] in codes for span in row["spans"])]
-    if len(kept) == len(batch.steps):
+    block = batch.steps
+    unnamed = [i for i, name in enumerate(block.kind_names) if name not in codes]
+    if not unnamed:
         return batch
+    lacking = (
+        np.bincount(
+            np.repeat(np.arange(len(block)), np.diff(block.span_offsets))[np.isin(block.span_kind, unnamed)],
+            minlength=len(block),
+        )
+        > 0
+    )
     refused = [
         pb.Rejection(
             kind="step",
             index=-1,
             reason=TOO_MANY_KINDS,
-            detail=f"step {row['step']}: span kind dictionary full ({MAX_KINDS} names)",
+            detail=f"step {step}: span kind dictionary full ({MAX_KINDS} names)",
         )
-        for row in batch.steps
-        if not all(span[0] in codes for span in row["spans"])
+        for step in block.step[lacking].tolist()
     ]
-    return replace(batch, steps=kept, rejections=[*batch.rejections, *refused])
+    return replace(batch, steps=block.take(~lacking), rejections=[*batch.rejections, *refused])
 
 
-def _step_record(row: dict[str, Any], codes: dict[str, int], job_key: int, agent_key: int) -> dict[str, Any]:
-    return {
-        "job_key": job_key,
-        "step": row["step"],
-        "rank": row["rank"],
-        "start_time": row["start_time"],
-        "duration": row["duration"],
-        "agent_key": agent_key,
-        "gc_count": row["gc_count"],
-        "gc_seconds": row["gc_seconds"],
-        "spans": codec.pack_spans([(codes[k], a, d, mb, ch) for k, a, d, mb, ch in row["spans"]]),
-        "seq_total": codec.pack_seq_total(row["seq_total"]),
-        "seq_microbatches": codec.pack_seq_microbatches(row["seq_microbatches"]),
-    }
+def _step_rows(
+    batch: ValidBatch, codes: dict[str, int], job_key: int, agent_key: int
+) -> Iterator[tuple[Any, ...]]:
+    """The batch's records as rows in STEP_COLUMNS order."""
+    block: StepBlock = batch.steps
+    if not len(block):
+        return iter(())
+    code_of = np.array([codes.get(name, 0) for name in block.kind_names] or [0], dtype=np.int64)
+    packed = codec.pack_span_columns(
+        code_of[block.span_kind],
+        block.span_microbatch,
+        block.span_chunk,
+        block.span_start,
+        block.span_duration,
+    )
+    edges = (block.span_offsets * codec.SPAN.itemsize).tolist()
+    spans = [packed[a:b] for a, b in pairwise(edges)]
+    return zip(
+        repeat(job_key),
+        block.step.tolist(),
+        repeat(batch.coords.rank),
+        block.start_time.tolist(),
+        block.duration.tolist(),
+        repeat(agent_key),
+        block.gc_count.tolist(),
+        block.gc_seconds.tolist(),
+        spans,
+        block.seq_total,
+        block.seq_microbatches,
+    )
 
 
 def _next_key(model: type[Job] | type[Agent]) -> Any:
@@ -102,113 +145,187 @@ def _greatest(dialect: str, a: Any, b: Any, *, least: bool = False) -> Any:
     return getattr(func, name)(func.coalesce(a, b), func.coalesce(b, a))
 
 
-def _claim_batch(session: Session, dialect: str, batch: ValidBatch, now: float) -> bool:
-    stmt = (
-        _dialect_insert(dialect, IngestedBatch)
-        .values(
-            agent_id=batch.agent_id,
-            seq=batch.seq,
-            job_id=batch.job_id,
-            received_at=now,
-            accepted=batch.accepted,
-            rejected=len(batch.rejections),
+def _claim_batches(session: Session, dialect: str, batches: Sequence[ValidBatch], now: float) -> set[int]:
+    """Indexes of the batches stored for the first time (a repeat within the group is a resend too)."""
+    first: dict[tuple[str, int], int] = {}
+    for i, b in enumerate(batches):
+        first.setdefault((b.agent_id, b.seq), i)
+    values = [
+        {
+            "agent_id": b.agent_id,
+            "seq": b.seq,
+            "job_id": b.job_id,
+            "received_at": now,
+            "accepted": b.accepted,
+            "rejected": len(b.rejections),
+        }
+        for b in (batches[i] for i in first.values())
+    ]
+    stmt = _dialect_insert(dialect, IngestedBatch).on_conflict_do_nothing()
+    if dialect == "postgresql":
+        claimed = session.execute(
+            stmt.values(values).returning(IngestedBatch.agent_id, IngestedBatch.seq)
+        ).all()
+        return {first[(agent_id, seq)] for agent_id, seq in claimed}
+    out = set()
+    for key, value in zip(first, values, strict=True):
+        if session.execute(stmt.values(value).returning(IngestedBatch.seq)).first() is not None:
+            out.add(first[key])
+    return out
+
+
+def _by(batches: Iterable[ValidBatch], key: str) -> dict[str, list[ValidBatch]]:
+    """Batches grouped by `key` (job_id or agent_id), keys sorted: rows are locked in that order."""
+    out: dict[str, list[ValidBatch]] = {}
+    for b in batches:
+        out.setdefault(getattr(b, key), []).append(b)
+    return dict(sorted(out.items()))
+
+
+def _upsert_rows(
+    session: Session, dialect: str, model: Any, rows: list[dict[str, Any]], stmt_for: Any
+) -> dict[str, int]:
+    """Upsert `rows` (one per natural key) and return natural key -> integer key. PostgreSQL takes
+    them in one statement; SQLite assigns keys itself (`_next_key`), so one row at a time."""
+    name = model.job_id if model is Job else model.agent_id
+    if dialect == "postgresql":
+        result = session.execute(stmt_for(rows).returning(name, model.key)).all()
+        return {str(k): int(v) for k, v in result}
+    out = {}
+    for row in rows:
+        row = {**row, "key": _next_key(model)}
+        natural, key = session.execute(stmt_for([row]).returning(name, model.key)).one()
+        out[str(natural)] = int(key)
+    return out
+
+
+def _upsert_jobs(session: Session, dialect: str, batches: Sequence[ValidBatch], now: float) -> dict[str, int]:
+    rows = []
+    for job_id, group in _by(batches, "job_id").items():
+        with_steps = [b for b in group if len(b.steps)]
+        rows.append(
+            {
+                "job_id": job_id,
+                "world_size": max(b.coords.world_size for b in group),
+                "dp_size": max(b.coords.dp_size or b.coords.world_size for b in group),
+                "pp_size": max(b.coords.pp_size or 1 for b in group),
+                "tp_size": max(b.coords.tp_size or 1 for b in group),
+                "first_seen": now,
+                "last_seen": now,
+                "last_step": max((int(b.steps.step.max()) for b in with_steps), default=None),
+                "last_step_seen": now if with_steps else None,
+                "gpu_hours_wasted": 0.0,
+            }
         )
-        .on_conflict_do_nothing()
-        .returning(IngestedBatch.seq)
-    )
-    return session.execute(stmt).first() is not None
+
+    def statement(values: list[dict[str, Any]]) -> Any:
+        stmt = _dialect_insert(dialect, Job).values(values)
+        excluded = stmt.excluded
+        update: dict[str, Any] = {
+            "last_seen": _greatest(dialect, Job.last_seen, excluded.last_seen),
+            "world_size": _greatest(dialect, Job.world_size, excluded.world_size),
+            "dp_size": _greatest(dialect, Job.dp_size, excluded.dp_size),
+            "pp_size": _greatest(dialect, Job.pp_size, excluded.pp_size),
+            "tp_size": _greatest(dialect, Job.tp_size, excluded.tp_size),
+            "last_step": _greatest(dialect, Job.last_step, excluded.last_step),
+            "last_step_seen": _greatest(dialect, Job.last_step_seen, excluded.last_step_seen),
+        }
+        return stmt.on_conflict_do_update(index_elements=[Job.job_id], set_=update)
+
+    return _upsert_rows(session, dialect, Job, rows, statement)
 
 
-def _upsert_job(session: Session, dialect: str, batch: ValidBatch, now: float) -> int:
-    coords = batch.coords
-    last_step = max((row["step"] for row in batch.steps), default=None)
-    values: dict[str, Any] = {
-        "job_id": batch.job_id,
-        "world_size": coords.world_size,
-        "dp_size": coords.dp_size or coords.world_size,
-        "pp_size": coords.pp_size or 1,
-        "tp_size": coords.tp_size or 1,
-        "first_seen": now,
-        "last_seen": now,
-        "last_step": last_step,
-        "last_step_seen": now if batch.steps else None,
-        "gpu_hours_wasted": 0.0,
-    }
-    if dialect != "postgresql":
-        values["key"] = _next_key(Job)
-    stmt = _dialect_insert(dialect, Job).values(**values)
-    excluded = stmt.excluded
-    update: dict[str, Any] = {
-        "last_seen": _greatest(dialect, Job.last_seen, excluded.last_seen),
-        "world_size": _greatest(dialect, Job.world_size, excluded.world_size),
-        "dp_size": _greatest(dialect, Job.dp_size, excluded.dp_size),
-        "pp_size": _greatest(dialect, Job.pp_size, excluded.pp_size),
-        "tp_size": _greatest(dialect, Job.tp_size, excluded.tp_size),
-        "last_step": _greatest(dialect, Job.last_step, excluded.last_step),
-    }
-    if batch.steps:
-        update["last_step_seen"] = _greatest(dialect, Job.last_step_seen, excluded.last_step_seen)
-    upsert = stmt.on_conflict_do_update(index_elements=[Job.job_id], set_=update).returning(Job.key)
-    return int(session.execute(upsert).scalar_one())
+def _upsert_agents(
+    session: Session, dialect: str, batches: Sequence[ValidBatch], now: float
+) -> dict[str, int]:
+    rows = []
+    for agent_id, group in _by(batches, "agent_id").items():
+        latest = max(group, key=lambda b: b.seq)
+        coords = latest.coords
+        counters = [b.counters for b in group if b.counters is not None]
+        heartbeats = [(b.heartbeat, b.clock_offset) for b in group if b.heartbeat is not None]
+        first_steps = [int(b.steps.step.min()) for b in group if len(b.steps)]
+        row: dict[str, Any] = {
+            "agent_id": agent_id,
+            "job_id": latest.job_id,
+            "rank": coords.rank,
+            "local_rank": coords.local_rank,
+            "host": coords.host,
+            "gpu_uuid": coords.gpu_uuid,
+            "dp_rank": coords.dp_rank,
+            "pp_rank": coords.pp_rank,
+            "tp_rank": coords.tp_rank,
+            "pid": coords.pid,
+            "agent_version": coords.agent_version,
+            "backend": coords.backend[:32],
+            "clock_offset": latest.clock_offset,
+            "first_seen": now,
+            "last_seen": now,
+            "dropped_records": max((c.dropped_records for c in counters), default=0),
+            "errors": max((c.errors for c in counters), default=0),
+            "final": any(b.final for b in group),
+            "first_step": min(first_steps, default=None),
+            "hb_time": None,
+            "hb_last_step": None,
+            "hb_current_step": None,
+            "hb_phase": "",
+            "hb_phase_since": None,
+        }
+        if heartbeats:
+            hb, offset = max(heartbeats, key=lambda h: h[0].time)
+            row.update(
+                hb_time=hb.time + offset,
+                hb_last_step=hb.last_step,
+                hb_current_step=hb.current_step,
+                hb_phase=hb.phase,
+                hb_phase_since=(hb.phase_since + offset) if hb.phase_since else None,
+            )
+        rows.append(row)
 
-
-def _upsert_agent(session: Session, dialect: str, batch: ValidBatch, now: float) -> int:
-    coords = batch.coords
-    values: dict[str, Any] = {
-        "agent_id": batch.agent_id,
-        "job_id": batch.job_id,
-        "rank": coords.rank,
-        "local_rank": coords.local_rank,
-        "host": coords.host,
-        "gpu_uuid": coords.gpu_uuid,
-        "dp_rank": coords.dp_rank,
-        "pp_rank": coords.pp_rank,
-        "tp_rank": coords.tp_rank,
-        "pid": coords.pid,
-        "agent_version": coords.agent_version,
-        "backend": coords.backend[:32],
-        "clock_offset": batch.clock_offset,
-        "first_seen": now,
-        "last_seen": now,
-        "dropped_records": batch.counters.dropped_records if batch.counters else 0,
-        "errors": batch.counters.errors if batch.counters else 0,
-        "final": batch.final,
-        "first_step": min((row["step"] for row in batch.steps), default=None),
-        "hb_phase": "",
-    }
-    if dialect != "postgresql":
-        values["key"] = _next_key(Agent)
-    hb = batch.heartbeat
-    if hb is not None:
-        values.update(
-            hb_time=hb.time + batch.clock_offset,
-            hb_last_step=hb.last_step,
-            hb_current_step=hb.current_step,
-            hb_phase=hb.phase,
-            hb_phase_since=(hb.phase_since + batch.clock_offset) if hb.phase_since else None,
-        )
-    stmt = _dialect_insert(dialect, Agent).values(**values)
-    excluded = stmt.excluded
-    update: dict[str, Any] = {
-        "last_seen": _greatest(dialect, Agent.last_seen, excluded.last_seen),
-        "clock_offset": excluded.clock_offset,
-        "host": excluded.host,
-        "gpu_uuid": excluded.gpu_uuid,
-        # Counters are cumulative on the agent; a resent older batch must not move them back.
-        "dropped_records": _greatest(dialect, Agent.dropped_records, excluded.dropped_records),
-        "errors": _greatest(dialect, Agent.errors, excluded.errors),
-        "first_step": _greatest(dialect, Agent.first_step, excluded.first_step, least=True),
-    }
-    if batch.final:
-        update["final"] = excluded.final
-    if hb is not None:
+    def statement(values: list[dict[str, Any]]) -> Any:
+        stmt = _dialect_insert(dialect, Agent).values(values)
+        excluded = stmt.excluded
+        update: dict[str, Any] = {
+            "last_seen": _greatest(dialect, Agent.last_seen, excluded.last_seen),
+            "clock_offset": excluded.clock_offset,
+            "host": excluded.host,
+            "gpu_uuid": excluded.gpu_uuid,
+            # Counters are cumulative on the agent; a resent older batch must not move them back.
+            "dropped_records": _greatest(dialect, Agent.dropped_records, excluded.dropped_records),
+            "errors": _greatest(dialect, Agent.errors, excluded.errors),
+            "first_step": _greatest(dialect, Agent.first_step, excluded.first_step, least=True),
+            "final": Agent.final | excluded.final,
+        }
         # Only a newer heartbeat replaces the stored one (batches may arrive out of order).
-        newer = func.coalesce(Agent.hb_time, 0.0) <= excluded.hb_time
+        newer = excluded.hb_time.is_not(None) & (func.coalesce(Agent.hb_time, 0.0) <= excluded.hb_time)
         for column in ("hb_time", "hb_last_step", "hb_current_step", "hb_phase", "hb_phase_since"):
-            current = getattr(Agent, column)
-            update[column] = case((newer, getattr(excluded, column)), else_=current)
-    upsert = stmt.on_conflict_do_update(index_elements=[Agent.agent_id], set_=update).returning(Agent.key)
-    return int(session.execute(upsert).scalar_one())
+            update[column] = case((newer, getattr(excluded, column)), else_=getattr(Agent, column))
+        return stmt.on_conflict_do_update(index_elements=[Agent.agent_id], set_=update)
+
+    return _upsert_rows(session, dialect, Agent, rows, statement)
+
+
+def _insert_steps(session: Session, dialect: str, rows: list[tuple[Any, ...]]) -> None:
+    if dialect != "postgresql":
+        session.execute(
+            insert(StepRecord).prefix_with("OR IGNORE"),
+            [dict(zip(STEP_COLUMNS, r, strict=True)) for r in rows],
+        )
+        return
+    driver = session.connection().connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    column_list = ", ".join(STEP_COLUMNS)
+    try:
+        # psycopg makes this a savepoint inside the session's transaction: a key conflict undoes
+        # the COPY alone.
+        with (
+            driver.transaction(),
+            driver.cursor().copy(f"COPY step_records ({column_list}) FROM STDIN") as copy,
+        ):
+            for row in rows:
+                copy.write_row(row)
+    except psycopg.errors.UniqueViolation:
+        _copy_insert(session, "step_records", STEP_COLUMNS, rows)
 
 
 def _insert_ignoring_conflicts(
@@ -216,12 +333,13 @@ def _insert_ignoring_conflicts(
 ) -> None:
     if dialect == "postgresql":
         columns = [c.name for c in model.__table__.columns]
-        _copy_insert(session, model.__tablename__, columns, rows)
+        values = [tuple(json.dumps(r[c]) if c in _JSON_COLUMNS else r[c] for c in columns) for r in rows]
+        _copy_insert(session, model.__tablename__, columns, values)
         return
     session.execute(insert(model).prefix_with("OR IGNORE"), rows)
 
 
-def _copy_insert(session: Session, table: str, columns: Sequence[str], rows: list[dict[str, Any]]) -> None:
+def _copy_insert(session: Session, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]]) -> None:
     """COPY into a per-transaction temporary table, then move rows over, skipping conflicts."""
     staging = f"_in_{table}"
     session.execute(
@@ -234,7 +352,7 @@ def _copy_insert(session: Session, table: str, columns: Sequence[str], rows: lis
     column_list = ", ".join(columns)
     with cursor.copy(f"COPY {staging} ({column_list}) FROM STDIN") as copy:
         for row in rows:
-            copy.write_row([json.dumps(row[c]) if c in _JSON_COLUMNS else row[c] for c in columns])
+            copy.write_row(row)
     session.execute(
         text(
             f"INSERT INTO {table} ({column_list}) SELECT {column_list} FROM {staging} ON CONFLICT DO NOTHING"

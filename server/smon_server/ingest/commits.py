@@ -1,0 +1,170 @@
+"""Group commit: batches from every agent stream share transactions, and agents are slowed down
+when the database falls behind.
+
+One writer thread owns the database writes. Whatever batches arrived while it was committing the
+previous group go into the next transaction together (up to `max_group_records`), so the per-
+transaction costs (the commit's WAL flush, the job and agent upserts, the COPY set-up) are paid once
+per group instead of once per batch: at many agents the group grows with the load, the way
+PostgreSQL's own commit_delay groups WAL flushes. A batch's Ack is sent only after the transaction
+holding it commits.
+
+Backpressure, in two steps. Past half of `max_pending_records` waiting to be written, every Ack
+carries `throttle_seconds` (the time the backlog takes to drain at the measured write rate), and
+agents hold their records back that long, then send them in fewer, larger batches. At the limit,
+a stream's next batch waits before it is taken in; the agent's unacked window fills and its
+records wait in its own bounded queue. Nothing waiting here is acked.
+
+A group the database refuses is written again batch by batch, so one bad batch fails alone (its
+stream gets UNAVAILABLE and resends) and the others beside it are stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from smon_server.store.db import Database
+from smon_server.store.rows import ValidBatch
+from smon_server.store.writes import WriteResult, write_batches
+
+log = logging.getLogger(__name__)
+
+MAX_THROTTLE_SECONDS = 5.0
+
+
+@dataclass
+class _Item:
+    batch: ValidBatch
+    future: asyncio.Future[WriteResult]
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def records(self) -> int:
+        return max(1, self.batch.accepted)
+
+
+class GroupCommitter:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        max_group_records: int = 50_000,
+        max_pending_records: int = 200_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.max_group_records = max_group_records
+        self.max_pending_records = max_pending_records
+        self.clock = clock
+        self._items: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._pending = 0  # records taken in and not yet settled (event loop only)
+        self._space: asyncio.Condition | None = None
+        self._rate = 0.0  # records/s of recent groups (EWMA), for the throttle hint
+        self.groups = 0  # groups committed (a test reads it)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="smon-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish what was taken in, then end the writer thread."""
+        if self._thread is not None:
+            self._items.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def pending_records(self) -> int:
+        return self._pending
+
+    def throttle_seconds(self) -> float:
+        """How long agents should hold back: the backlog's drain time, once it is past half full."""
+        if self._pending < self.max_pending_records / 2:
+            return 0.0
+        rate = self._rate or 1_000.0
+        return min(MAX_THROTTLE_SECONDS, self._pending / rate)
+
+    async def write(self, batch: ValidBatch) -> WriteResult:
+        """Store `batch` in the next group; returns once that group is committed."""
+        if self._thread is None:
+            raise RuntimeError("GroupCommitter.start() was not called")
+        loop = asyncio.get_running_loop()
+        space = self._space = self._space or asyncio.Condition()
+        item = _Item(batch, loop.create_future(), loop)
+        async with space:
+            # A batch larger than the whole limit still goes in, alone, once nothing else waits.
+            await space.wait_for(
+                lambda: self._pending == 0 or self._pending + item.records <= self.max_pending_records
+            )
+            self._pending += item.records
+        try:
+            self._items.put(item)
+            return await asyncio.shield(item.future)
+        finally:
+            async with space:
+                self._pending -= item.records
+                space.notify_all()
+
+    # -- the writer thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            first = self._items.get()
+            if first is None:
+                return
+            group, records, stop = [first], first.records, False
+            while records < self.max_group_records:
+                try:
+                    item = self._items.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                group.append(item)
+                records += item.records
+            self._commit(group, records)
+            if stop:
+                return
+
+    def _commit(self, group: list[_Item], records: int) -> None:
+        started = time.perf_counter()
+        try:
+            results: list[WriteResult | BaseException] = list(
+                write_batches(self.db, [i.batch for i in group], self.clock())
+            )
+        except Exception as exc:
+            if len(group) == 1:
+                log.exception("storing batch %s/%d failed", group[0].batch.agent_id, group[0].batch.seq)
+                results = [exc]
+            else:
+                log.warning("a group of %d batches failed (%s); writing them one by one", len(group), exc)
+                results = [self._alone(i) for i in group]
+        seconds = time.perf_counter() - started
+        self.groups += 1
+        if seconds > 0:
+            rate = records / seconds
+            self._rate = rate if not self._rate else 0.8 * self._rate + 0.2 * rate
+        for item, result in zip(group, results, strict=True):
+            item.loop.call_soon_threadsafe(_settle, item.future, result)
+
+    def _alone(self, item: _Item) -> WriteResult | BaseException:
+        try:
+            return write_batches(self.db, [item.batch], self.clock())[0]
+        except Exception as exc:
+            log.exception("storing batch %s/%d failed", item.batch.agent_id, item.batch.seq)
+            return exc
+
+
+def _settle(future: asyncio.Future[WriteResult], result: WriteResult | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
