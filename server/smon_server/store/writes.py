@@ -163,9 +163,8 @@ def _claim_batches(session: Session, dialect: str, batches: Sequence[ValidBatch]
     ]
     stmt = _dialect_insert(dialect, IngestedBatch).on_conflict_do_nothing()
     if dialect == "postgresql":
-        claimed = session.execute(
-            stmt.values(values).returning(IngestedBatch.agent_id, IngestedBatch.seq)
-        ).all()
+        returning = stmt.returning(IngestedBatch.agent_id, IngestedBatch.seq)
+        claimed = session.connection().execute(returning, values).all()
         return {first[(agent_id, seq)] for agent_id, seq in claimed}
     out = set()
     for key, value in zip(first, values, strict=True):
@@ -185,16 +184,17 @@ def _by(batches: Iterable[ValidBatch], key: str) -> dict[str, list[ValidBatch]]:
 def _upsert_rows(
     session: Session, dialect: str, model: Any, rows: list[dict[str, Any]], stmt_for: Any
 ) -> dict[str, int]:
-    """Upsert `rows` (one per natural key) and return natural key -> integer key. PostgreSQL takes
-    them in one statement; SQLite assigns keys itself (`_next_key`), so one row at a time."""
+    """Upsert `rows` (one per natural key) and return natural key -> integer key. On PostgreSQL
+    one executemany, which SQLAlchemy sends as multi-row INSERTs of one cached statement; SQLite
+    assigns keys itself (`_next_key`), so one row at a time."""
     name = model.job_id if model is Job else model.agent_id
+    stmt = stmt_for().returning(name, model.key)
     if dialect == "postgresql":
-        result = session.execute(stmt_for(rows).returning(name, model.key)).all()
+        result = session.connection().execute(stmt, rows).all()
         return {str(k): int(v) for k, v in result}
     out = {}
     for row in rows:
-        row = {**row, "key": _next_key(model)}
-        natural, key = session.execute(stmt_for([row]).returning(name, model.key)).one()
+        natural, key = session.execute(stmt.values({**row, "key": _next_key(model)})).one()
         out[str(natural)] = int(key)
     return out
 
@@ -218,8 +218,8 @@ def _upsert_jobs(session: Session, dialect: str, batches: Sequence[ValidBatch], 
             }
         )
 
-    def statement(values: list[dict[str, Any]]) -> Any:
-        stmt = _dialect_insert(dialect, Job).values(values)
+    def statement() -> Any:
+        stmt = _dialect_insert(dialect, Job)
         excluded = stmt.excluded
         update: dict[str, Any] = {
             "last_seen": _greatest(dialect, Job.last_seen, excluded.last_seen),
@@ -282,8 +282,8 @@ def _upsert_agents(
             )
         rows.append(row)
 
-    def statement(values: list[dict[str, Any]]) -> Any:
-        stmt = _dialect_insert(dialect, Agent).values(values)
+    def statement() -> Any:
+        stmt = _dialect_insert(dialect, Agent)
         excluded = stmt.excluded
         update: dict[str, Any] = {
             "last_seen": _greatest(dialect, Agent.last_seen, excluded.last_seen),
