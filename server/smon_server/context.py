@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from smon_server.alerts.notifiers import Notifier, configured
 from smon_server.alerts.rules import Rule, load_rules
+from smon_server.jobs.workers import AnalysisWorkers, default_processes
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.metrics.jobs_collector import JobsCollector
 from smon_server.settings import Settings
@@ -25,12 +26,22 @@ class ServerContext:
     notifiers: list[Notifier] = field(init=False)
     # When this process last made step partitions ahead and applied retention (jobs/loop.py).
     storage_maintained_at: float = field(default=0.0, init=False)
+    # Where job analyses run (jobs/workers.py); None: in this process.
+    workers: AnalysisWorkers | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.alert_rules = load_rules(self.settings.alert_rules)  # a bad file fails at start
         self.notifiers = configured(self.settings)
         self.ingest_stats = IngestStats(self.registry)
         self.registry.register(JobsCollector(self.db, self.settings))
+        processes = default_processes(self.settings)
+        if processes:
+            self.workers = AnalysisWorkers(self.settings, processes)
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+        self.db.dispose()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServerContext:

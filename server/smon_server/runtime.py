@@ -112,7 +112,7 @@ async def serve(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        context.db.dispose()
+        await asyncio.to_thread(context.close)
 
 
 class BackgroundServer:

@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     analysis_interval: Annotated[float, Field(gt=0)] = 10.0
     # Most recent complete steps one analysis pass looks at.
     analysis_window_steps: Annotated[int, Field(gt=0)] = 500
+    # Processes that run job analyses (jobs/workers.py); unset: every core but one; 0: in the
+    # server process itself.
+    analysis_workers: Annotated[int | None, Field(ge=0)] = None
     stall_seconds: Annotated[float, Field(gt=0)] = 120.0
     gpu_hour_price: Annotated[float, Field(ge=0)] = 0.0
     # The first steps after a start or restart (allocator, lazy init, DDP bucket rebuild) are

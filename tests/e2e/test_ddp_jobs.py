@@ -39,7 +39,7 @@ DEVICE_MS = "40"
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundServer]:
     """One server for the module's jobs (each job has its own id), on the embedded SQLite."""
     url = f"sqlite:///{tmp_path_factory.mktemp('e2e') / 'smon.db'}"
-    with BackgroundServer(server_settings(url, analysis_interval=3600)) as server:
+    with BackgroundServer(server_settings(url, analysis_interval=3600, analysis_workers=1)) as server:
         yield server
 
 

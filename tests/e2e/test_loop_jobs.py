@@ -51,7 +51,7 @@ STRAGGLING_CAUSES = {
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundServer]:
     url = f"sqlite:///{tmp_path_factory.mktemp('loops') / 'smon.db'}"
-    with BackgroundServer(server_settings(url, analysis_interval=3600)) as server:
+    with BackgroundServer(server_settings(url, analysis_interval=3600, analysis_workers=1)) as server:
         yield server
 
 

@@ -79,4 +79,4 @@ def test_retention_keeps_the_stored_analysis_of_a_job_whose_steps_are_gone(datab
             assert after.summary == summary_before | {"state": "finished"}
             assert after.steps_seen == before.steps_seen and after.slowdown == before.slowdown
     finally:
-        context.db.dispose()
+        context.close()

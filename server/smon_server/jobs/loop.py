@@ -12,6 +12,7 @@ import contextlib
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy import select
 
@@ -58,13 +59,21 @@ def analysis_pass(context: ServerContext, now: float) -> int:
             log.exception("step record partitions / retention failed; retrying next pass")
     with context.db.session() as session:
         jobs = session.scalars(select(Job.job_id)).all()
-    done = 0
-    for job_id in jobs:
+
+    def one(job_id: str) -> bool:
         try:
-            if analyse_one(context, job_id, now):
-                done += 1
+            return analyse_one(context, job_id, now)
         except Exception:
             log.exception("analysis of job %s failed", job_id)
+            return False
+
+    workers = context.workers
+    if workers is not None and workers.processes > 1 and len(jobs) > 1:
+        # One thread per worker process, each holding its job's lease while a process analyses it.
+        with ThreadPoolExecutor(workers.processes, thread_name_prefix="smon-analysis") as pool:
+            done = sum(pool.map(one, jobs))
+    else:
+        done = sum(one(job_id) for job_id in jobs)
     try:
         settings = context.settings
         with context.db.transaction() as session:
@@ -146,7 +155,13 @@ def analyse_one(context: ServerContext, job_id: str, now: float, *, state_change
             state_change_only=state_change_only,
         ):
             return False
-        result = job_analysis.analyze_job(session=session, job=job, settings=settings, now=now)
+        if context.workers is not None:
+            analysed = context.workers.analyze(job_id, now)
+            if analysed is None:
+                return False
+            result = analysed
+        else:
+            result = job_analysis.analyze_job(session=session, job=job, settings=settings, now=now)
         if previous is not None and previous.steps_seen and not result["summary"].get("steps_seen"):
             # The raw steps are gone (retention): the stored analysis stays, with the new state.
             job_analysis.restate_result(previous, result)

@@ -1,0 +1,90 @@
+"""Job analyses run in worker processes: the same result as in the server process, several jobs
+at once, and a worker that dies costs one pass of one job, not the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from smon_server.context import ServerContext
+from smon_server.ingest.validate import Limits, validate_batch
+from smon_server.jobs import analysis as job_analysis
+from smon_server.jobs.loop import analysis_pass
+from smon_server.store import migrate
+from smon_server.store.db import Database
+from smon_server.store.models import AnalysisResult, Job
+from smon_server.store.writes import write_batches
+from tests import factories as f
+from tests.conftest import server_settings
+
+RANKS = 4
+NOW = f.T0 + 60  # a minute after the steps: the job is still running
+
+
+def push(
+    db: Database, job: str, steps: range, *, seq: int = 1, origin: float = f.T0, now: float = NOW
+) -> None:
+    """A DP job with rank 2 20 ms slow in forward, written through the store's own writer."""
+    records = f.dp_job_steps(RANKS, steps, slow_rank=2, slow_forward=0.020, origin=origin)
+    batches = [f.batch(job, r, RANKS, seq=seq, steps=records[r]) for r in range(RANKS)]
+    write_batches(db, [validate_batch(b, Limits()) for b in batches], now=now)
+
+
+@pytest.fixture
+def context(database_url: str) -> Iterator[ServerContext]:
+    ctx = ServerContext.from_settings(server_settings(database_url, analysis_workers=2))
+    migrate.upgrade(ctx.db)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
+def stored(ctx: ServerContext, job: str) -> dict[str, Any]:
+    """The stored analysis's summary, read while its (deferred) columns can still load."""
+    with ctx.db.session() as session:
+        row = session.get(AnalysisResult, job)
+        assert row is not None and row.summary is not None
+        return dict(row.summary)
+
+
+def test_a_worker_process_stores_what_the_server_process_would(context: ServerContext) -> None:
+    for job in ("one", "two", "three"):
+        push(context.db, job, range(60))
+    assert analysis_pass(context, NOW) == 3
+    assert context.workers is not None
+    assert context.workers.pids and os.getpid() not in context.workers.pids
+    for job in ("one", "two", "three"):
+        row = stored(context, job)
+        with context.db.session() as session:
+            here = job_analysis.analyze_job(
+                session=session,
+                job=session.scalars(select(Job).where(Job.job_id == job)).one(),
+                settings=context.settings,
+                now=NOW,
+            )
+        assert row == here["summary"]
+        assert [s["rank"] for s in row["stragglers"]] == [2]
+        assert row["slowdown"] > 1.2
+
+
+def test_a_dead_worker_fails_one_pass_and_the_next_pass_recovers(context: ServerContext) -> None:
+    push(context.db, "dies", range(40))
+    assert analysis_pass(context, NOW) == 1
+    assert context.workers is not None
+    killed = set(context.workers.pids)
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)  # what the kernel's OOM killer does to a worker
+    later = NOW + 5
+    push(context.db, "dies", range(40, 80), seq=2, origin=f.T0 + 3, now=later)
+    analysis_pass(context, later)  # this pass may fail on the dead pool: logged, not raised
+    analysis_pass(context, later + 1)
+    row = stored(context, "dies")
+    assert row["to_step"] == 79
+    assert context.workers.pids - killed  # analysed by a new worker
+    assert [s["rank"] for s in row["stragglers"]] == [2]
