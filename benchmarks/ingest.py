@@ -11,7 +11,13 @@ record is queryable) before its next batch. Reported:
   in records/s; and the ratio (target ≥ 0.40, and ≥ 100,000 records/s);
 - bytes per stored record (`pg_total_relation_size`, indexes included).
 
+With `--busy-ranks N`, a stalled N-rank × 500-step job is stored first (stalled jobs are
+analysed at every pass, here every second), and the ingest runs twice: with the analyses in the
+server process (SMON_ANALYSIS_WORKERS=0) and in a worker process (=1), to show what a big
+analysis costs ingest in each case.
+
     .venv/bin/python benchmarks/ingest.py [--agents 32] [--jobs 1] [--batches 20] [--per-batch 100]
+                                          [--busy-ranks 1024]
 
 Prints figures, never asserts them.
 """
@@ -28,6 +34,7 @@ from pathlib import Path
 
 import grpc
 import psycopg
+from sqlalchemy import text
 from sqlalchemy.engine import URL, make_url
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,19 +82,24 @@ async def send(target: str, agents: list[list[bytes]]) -> tuple[float, list[floa
     return time.perf_counter() - start, latencies, acked
 
 
-def copy_baseline(conninfo: str) -> tuple[float, int]:
-    """Raw COPY of every stored step record into a plain table of the same schema: records/s."""
+def copy_baseline(conninfo: str, prefix: str) -> tuple[float, int]:
+    """Raw COPY of this run's stored step records into a plain table of the same schema: records/s."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         buffer = io.BytesIO()
-        with conn.cursor().copy("COPY (SELECT * FROM step_records) TO STDOUT (FORMAT BINARY)") as copy:
+        rows_of_run = (
+            "SELECT s.* FROM step_records s JOIN jobs j ON j.key = s.job_key "
+            f"WHERE j.job_id LIKE '{prefix}-%'"
+        )
+        with conn.cursor().copy(f"COPY ({rows_of_run}) TO STDOUT (FORMAT BINARY)") as copy:
             for data in copy:
                 buffer.write(data)
         conn.execute("CREATE TABLE copy_baseline (LIKE step_records INCLUDING ALL)")
-        rows = conn.execute("SELECT count(*) FROM step_records").fetchone()
+        rows = conn.execute(f"SELECT count(*) FROM ({rows_of_run}) r").fetchone()
         start = time.perf_counter()
         with conn.cursor().copy("COPY copy_baseline FROM STDIN (FORMAT BINARY)") as copy:
             copy.write(buffer.getvalue())
         seconds = time.perf_counter() - start
+        conn.execute("DROP TABLE copy_baseline")
     count = int(rows[0]) if rows else 0
     return count / seconds, count
 
@@ -98,19 +110,42 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--per-batch", type=int, default=100)
+    parser.add_argument("--busy-ranks", type=int, default=0)
     args = parser.parse_args()
     with fresh_database("smon_bench_ingest") as database_url:
-        run(args, make_url(database_url))
+        url = make_url(database_url)
+        if not args.busy_ranks:
+            run(args, url, "ingest", {"SMON_ANALYSIS_INTERVAL": "3600"})
+            return
+        busy_job(url.render_as_string(hide_password=False), args.busy_ranks)
+        for workers in ("0", "1"):
+            env = {
+                "SMON_ANALYSIS_INTERVAL": "1",
+                "SMON_STALL_SECONDS": "1000",
+                "SMON_ANALYSIS_WORKERS": workers,
+            }
+            print(f"-- a {args.busy_ranks}-rank job analysed every second, SMON_ANALYSIS_WORKERS={workers}")
+            run(args, url, f"ingest-w{workers}", env)
 
 
-def run(args: argparse.Namespace, url: URL) -> None:
+def busy_job(url: str, ranks: int) -> None:
+    """A stalled `ranks` × 500-step job: steps stopped 1,500 s ago, agents heard from just now."""
+    from benchmarks.analysis_pass import build
+
+    build(url, ranks, 500)
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("UPDATE jobs SET last_step_seen = %s WHERE job_id = 'bench'", (time.time() - 1500,))
+        conn.execute("UPDATE agents SET last_seen = %s WHERE job_id = 'bench'", (time.time() + 3600,))
+
+
+def run(args: argparse.Namespace, url: URL, prefix: str, env: dict[str, str]) -> None:
     http, grpc_port = free_port(), free_port()
-    env = {"SMON_ANALYSIS_INTERVAL": "3600"}
     server = start_server(url.render_as_string(hide_password=False), http, grpc_port, env)
     try:
         per_job = max(1, args.agents // args.jobs)
         payloads = [
-            batches(f"ingest-{a // per_job}", a % per_job, per_job, args.batches, args.per_batch)
+            batches(f"{prefix}-{a // per_job}", a % per_job, per_job, args.batches, args.per_batch)
             for a in range(args.agents)
         ]
         seconds, latencies, acked = asyncio.run(send(f"127.0.0.1:{grpc_port}", payloads))
@@ -122,8 +157,9 @@ def run(args: argparse.Namespace, url: URL) -> None:
         db = Database(url.render_as_string(hide_password=False))
         with db.session() as session:
             size = partitions.stored_bytes(session)
+            everything = session.scalar(text("SELECT count(*) FROM step_records")) or 1
         db.dispose()
-        copy_rate, stored = copy_baseline(conninfo)
+        copy_rate, stored = copy_baseline(conninfo, prefix)
         print(
             f"agents {args.agents} over {args.jobs} job(s), {args.batches} batches of {args.per_batch} steps"
         )
@@ -133,7 +169,7 @@ def run(args: argparse.Namespace, url: URL) -> None:
         print(f"send->ack   p50 {p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms")
         print(f"raw COPY    {copy_rate:>10,.0f} records/s  (same rows, table of the same schema)")
         print(f"ratio       {rate / copy_rate:>10.3f}  (target >= 0.40)")
-        print(f"storage     {size / max(stored, 1):>10.0f} bytes/record (indexes included)")
+        print(f"storage     {size / everything:>10.0f} bytes/record (indexes included)")
     finally:
         server.kill()
         server.wait(10)
