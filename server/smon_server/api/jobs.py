@@ -17,13 +17,15 @@ from smon_server.api.schemas import (
     StepOut,
     StepsOut,
     SummaryOut,
+    TrendOut,
+    TrendPoint,
     WorkerOut,
     WorkersOut,
     WorkerStepOut,
     utc,
 )
 from smon_server.jobs import analysis as job_analysis
-from smon_server.jobs import loop
+from smon_server.jobs import loop, trend
 from smon_server.jobs.liveness import JobState
 from smon_server.store import grids, queries
 from smon_server.store.models import Job
@@ -150,6 +152,30 @@ def steps(
     job = _job_or_404(db, job_id)
     result = _analysis(db, context, job, window, "steps")
     return StepsOut(job_id=job_id, steps=[StepOut(**s) for s in result["steps"] or []])
+
+
+MAX_STEP = 2**62  # step numbers are stored as signed 64-bit integers
+
+
+@router.get("/jobs/{job_id}/trend", response_model=TrendOut)
+def job_trend(
+    job_id: str,
+    db: DbDep,
+    _auth: ApiTokenDep,
+    from_step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
+    to_step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
+    max_points: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> TrendOut:
+    """The job's whole history (beyond the analysis window, after its raw steps are dropped), in
+    buckets of steps merged to at most `max_points` points."""
+    job = _job_or_404(db, job_id)
+    points = trend.read(db, job.job_id, from_step=from_step, to_step=to_step, max_points=max_points)
+    for p in points:
+        p["start_time"] = utc(p["start_time"]) if p["start_time"] is not None else None
+        p["end_time"] = utc(p["end_time"]) if p["end_time"] is not None else None
+    return TrendOut(
+        job_id=job.job_id, bucket_steps=trend.BUCKET_STEPS, points=[TrendPoint(**p) for p in points]
+    )
 
 
 @router.get("/jobs/{job_id}/heatmap", response_model=HeatmapOut)

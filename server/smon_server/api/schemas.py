@@ -114,6 +114,25 @@ class StepsOut(BaseModel):
     steps: list[StepOut]
 
 
+class TrendPoint(BaseModel):
+    from_step: int
+    to_step: int
+    steps: int = Field(description="analysed steps folded into this point")
+    start_time: datetime | None
+    end_time: datetime | None
+    step_time: float = Field(description="mean replayed step time with measured durations, seconds")
+    ideal_time: float = Field(description="mean replayed step time with idealized durations, seconds")
+    slowdown: float | None = Field(description="step_time / ideal_time")
+    stragglers: list[int] = Field(description="ranks named stragglers by the passes that saw these steps")
+    leading_cause: str
+
+
+class TrendOut(BaseModel):
+    job_id: str
+    bucket_steps: int = Field(description="steps per stored bucket; points merge neighbouring buckets")
+    points: list[TrendPoint]
+
+
 class HeatmapOut(BaseModel):
     job_id: str
     metric: str

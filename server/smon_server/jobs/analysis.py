@@ -16,7 +16,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from smon_server.columns import StepColumns
-from smon_server.jobs import live
+from smon_server.jobs import live, trend
 from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness, job_state
 from smon_server.settings import Settings
@@ -138,6 +138,12 @@ def analyze_job(
         "workers": analysis.workers,
         "rank_slowdown": analysis.rank_slowdown,
         "rank_overall": {str(k): v for k, v in analysis.rank_overall.items()},
+        "trend": trend.buckets(
+            analysis.steps,
+            times,
+            stragglers=[int(x["rank"]) for x in summary.get("stragglers") or []],
+            leading_cause=str((summary.get("diagnoses") or [{}])[0].get("cause", "")),
+        ),
         "step_seconds": float(analysis.result.step_time.mean()) if analysis.result is not None else None,
         "top_workers": _top_workers(analysis.rank_overall, agents, settings.metrics_top_k),
     }

@@ -20,7 +20,7 @@ from smon_server.alerts import engine as alert_engine
 from smon_server.alerts import outbox
 from smon_server.context import ServerContext
 from smon_server.jobs import analysis as job_analysis
-from smon_server.jobs import waste
+from smon_server.jobs import trend, waste
 from smon_server.store import partitions
 from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AnalysisResult, Job
@@ -170,4 +170,5 @@ def analyse_one(context: ServerContext, job_id: str, now: float, *, state_change
         row = previous or AnalysisResult(job_id=job_id)
         job_analysis.store_result(row, result)
         session.add(row)
+        trend.store(session, job_id, result.get("trend") or [], now)
     return True

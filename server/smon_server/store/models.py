@@ -202,6 +202,26 @@ class AnalysisResult(Base):
     heatmap: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
 
 
+class JobTrend(Base):
+    """A job's history, one row per bucket of consecutive steps (jobs/trend.py): each analysed
+    step's measured and ideal step time as of the last pass that saw it (float32, NaN where a step
+    was not analysed), and who straggled then. Rows outlive the analysis window and the raw steps."""
+
+    __tablename__ = "job_trend"
+
+    job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # step // bucket size
+    first_step: Mapped[int] = mapped_column(BigInteger)  # of the bucket's analysed steps
+    last_step: Mapped[int] = mapped_column(BigInteger)
+    step_times: Mapped[bytes] = mapped_column(LargeBinary)  # float32 per step of the bucket
+    ideal_times: Mapped[bytes] = mapped_column(LargeBinary)
+    start_time: Mapped[float | None] = mapped_column(Double)
+    end_time: Mapped[float | None] = mapped_column(Double)
+    stragglers: Mapped[list[Any]] = mapped_column(JsonType)  # ranks named by the passes that saw it
+    leading_cause: Mapped[str] = mapped_column(String(32), default="")
+    computed_at: Mapped[float] = mapped_column(Double)
+
+
 class Alert(Base):
     """One incident: a rule true for a job (and a host, for per-host rules) until it resolves.
 
