@@ -188,3 +188,21 @@ def test_concurrent_agents_all_stored(server: BackgroundServer) -> None:
     for t in threads:
         t.join()
     assert _count(server, StepRecord) == world * 20
+
+
+def test_a_batch_the_database_refuses_is_refused_for_good_and_the_next_is_stored(
+    server: BackgroundServer, stub: pb_grpc.IngestStub
+) -> None:
+    # Valid protobuf that passes validation, but a counter past the signed 64-bit column: the
+    # database refuses it every time. Resent forever, it would hold back every newer record.
+    job = f.new_job_id()
+    steps = f.dp_job_steps(1, range(4))[0]
+    bad = f.batch(job, 0, 1, seq=1, steps=steps[:2])
+    bad.counters.dropped_records = 2**64 - 1
+    ack = stub.Push(bad)
+    assert (ack.accepted, ack.rejected) == (0, 2)
+    assert [(r.kind, r.reason) for r in ack.rejections] == [("batch", "storage_refused")]
+    assert _metric(server, "smon_ingest_rejected_total", reason="storage_refused") == 1
+    ack = stub.Push(f.batch(job, 0, 1, seq=2, steps=steps[2:]))
+    assert (ack.accepted, ack.rejected) == (2, 0)
+    assert _count(server, StepRecord) == 2

@@ -14,8 +14,13 @@ agents hold their records back that long, then send them in fewer, larger batche
 a stream's next batch waits before it is taken in; the agent's unacked window fills and its
 records wait in its own bounded queue. Nothing waiting here is acked.
 
-A group the database refuses is written again batch by batch, so one bad batch fails alone (its
-stream gets UNAVAILABLE and resends) and the others beside it are stored.
+A group the database refuses is written again batch by batch, so one bad batch fails alone and
+the others beside it are stored. A batch the database refuses for its content (a value too long
+or too large for its column, a byte it cannot store: sqlalchemy's DataError / IntegrityError)
+would be refused again on every resend, and the agent would resend it forever ahead of all its
+newer records; it fails with StorageRefused, which the service answers with a permanent rejection
+(`storage_refused`) so the agent drops it and goes on. Any other failure (the database is down)
+is transient: UNAVAILABLE, and the agent resends.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import psycopg
+from sqlalchemy import exc as sa_exc
+
 from smon_server.store.db import Database
 from smon_server.store.rows import ValidBatch
 from smon_server.store.writes import WriteResult, write_batches
@@ -35,6 +43,19 @@ from smon_server.store.writes import WriteResult, write_batches
 log = logging.getLogger(__name__)
 
 MAX_THROTTLE_SECONDS = 5.0
+# Refusals of a batch's content: resending the same batch cannot succeed. (Raw COPY raises
+# psycopg's own classes; OverflowError is SQLite's refusal of an integer past 64 bits.)
+_CONTENT_ERRORS = (
+    sa_exc.DataError,
+    sa_exc.IntegrityError,
+    psycopg.DataError,
+    psycopg.IntegrityError,
+    OverflowError,
+)
+
+
+class StorageRefused(Exception):
+    """The database refused this batch's content; resending it would fail the same way."""
 
 
 @dataclass
@@ -140,8 +161,7 @@ class GroupCommitter:
             )
         except Exception as exc:
             if len(group) == 1:
-                log.exception("storing batch %s/%d failed", group[0].batch.agent_id, group[0].batch.seq)
-                results = [exc]
+                results = [_failure(group[0], exc)]
             else:
                 log.warning("a group of %d batches failed (%s); writing them one by one", len(group), exc)
                 results = [self._alone(i) for i in group]
@@ -157,8 +177,19 @@ class GroupCommitter:
         try:
             return write_batches(self.db, [item.batch], self.clock())[0]
         except Exception as exc:
-            log.exception("storing batch %s/%d failed", item.batch.agent_id, item.batch.seq)
-            return exc
+            return _failure(item, exc)
+
+
+def _failure(item: _Item, exc: Exception) -> BaseException:
+    batch = item.batch
+    if isinstance(exc, _CONTENT_ERRORS):
+        detail = str(getattr(exc, "orig", None) or exc).splitlines()[0][:300]
+        log.warning(
+            "the database refused batch %s/%d of job %s: %s", batch.agent_id, batch.seq, batch.job_id, detail
+        )
+        return StorageRefused(detail)
+    log.error("storing batch %s/%d failed", batch.agent_id, batch.seq, exc_info=exc)
+    return exc
 
 
 def _settle(future: asyncio.Future[WriteResult], result: WriteResult | BaseException) -> None:

@@ -18,7 +18,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from smon.v1 import ingest_pb2 as pb
-from smon_server.ingest.commits import GroupCommitter
+from smon_server.ingest.commits import GroupCommitter, StorageRefused
 from smon_server.ingest.validate import BatchRejected, Limits, validate_batch
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.store.rows import ValidBatch
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "smon.v1.Ingest"
 MALFORMED = "malformed"
 UNAUTHENTICATED = "unauthenticated"
+STORAGE_REFUSED = "storage_refused"  # the database refused the batch's content: never resend it
 
 
 class IngestService:
@@ -96,18 +97,11 @@ class IngestService:
         try:
             valid = validate_batch(batch, self.limits)
         except BatchRejected as rejected:
-            self.stats.rejected.labels(rejected.reason).inc()
-            count = len(batch.steps) + len(batch.gpu_samples)
-            return pb.Ack(
-                agent_id=batch.agent_id,
-                seq=batch.seq,
-                rejected=count,
-                rejections=[
-                    pb.Rejection(kind="batch", index=-1, reason=rejected.reason, detail=rejected.detail)
-                ],
-            )
+            return self._refuse_whole(batch, rejected.reason, rejected.detail)
         try:
             result = await self.committer.write(valid)
+        except StorageRefused as refused:
+            return self._refuse_whole(batch, STORAGE_REFUSED, str(refused))
         except Exception:
             log.exception("storing batch %s/%d failed", valid.agent_id, valid.seq)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later")
@@ -124,6 +118,16 @@ class IngestService:
             rejections=valid.rejections,
             duplicate=result.duplicate,
             throttle_seconds=self.committer.throttle_seconds(),
+        )
+
+    def _refuse_whole(self, batch: pb.Batch, reason: str, detail: str) -> pb.Ack:
+        """An Ack that refuses every record of the batch for good: the agent drops it, never resends."""
+        self.stats.rejected.labels(reason).inc()
+        return pb.Ack(
+            agent_id=batch.agent_id,
+            seq=batch.seq,
+            rejected=len(batch.steps) + len(batch.gpu_samples),
+            rejections=[pb.Rejection(kind="batch", index=-1, reason=reason, detail=detail)],
         )
 
     def _count(self, valid: ValidBatch, *, duplicate: bool) -> None:
