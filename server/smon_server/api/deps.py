@@ -59,10 +59,13 @@ def require_api_token(
 ApiTokenDep = Annotated[None, Depends(require_api_token)]
 
 
+MAX_STEP = 2**62  # steps are stored as signed 64-bit integers: larger ones are a 422, not a 500
+
+
 def get_step_window(
-    from_step: Annotated[int | None, Query(ge=0, description="first step of the window")] = None,
-    to_step: Annotated[int | None, Query(ge=0, description="last step of the window")] = None,
-    window: Annotated[int | None, Query(gt=0, description="the last N steps instead")] = None,
+    from_step: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="first step of the window")] = None,
+    to_step: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="last step of the window")] = None,
+    window: Annotated[int | None, Query(gt=0, le=MAX_STEP, description="the last N steps instead")] = None,
 ) -> StepWindow:
     return StepWindow(from_step=from_step, to_step=to_step, last=window)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
@@ -9,6 +11,8 @@ from sqlalchemy import text
 from smon_server.api.deps import ContextDep
 
 router = APIRouter(tags=["health"])
+
+log = logging.getLogger(__name__)
 
 
 @router.get("/healthz")
@@ -24,5 +28,9 @@ def readyz(context: ContextDep) -> dict[str, str] | JSONResponse:
         with context.db.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
     except Exception as exc:
-        return JSONResponse(status_code=503, content={"status": "unavailable", "error": str(exc)})
+        # The reason goes to the log, not to whoever asks: it names the database's host and port.
+        log.warning("readiness: database unreachable: %s", exc)
+        return JSONResponse(
+            status_code=503, content={"status": "unavailable", "error": "database unreachable"}
+        )
     return {"status": "ok"}

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import APIRouter, HTTPException, Query
 
-from smon_server.api.deps import ApiTokenDep, ContextDep, DbDep, SettingsDep, WindowDep
+from smon_server.api.deps import MAX_STEP, ApiTokenDep, ContextDep, DbDep, SettingsDep, WindowDep
 from smon_server.api.schemas import (
     GpuSampleOut,
     HeatmapOut,
@@ -134,7 +134,7 @@ def summary(
         state=result["state"],
         world_size=job.world_size,
         # The job's running total; another window reports its own figure.
-        gpu_hours_wasted=job.gpu_hours_wasted if window.is_default else body.get("gpu_hours_wasted", 0.0),
+        gpu_hours_wasted=job.gpu_hours_wasted if window.is_default else body.get("gpu_hours_wasted") or 0.0,
         computed_at=utc(result["computed_at"]) if result.get("computed_at") else None,
     )
     return SummaryOut.model_validate(body)
@@ -152,9 +152,6 @@ def steps(
     job = _job_or_404(db, job_id)
     result = _analysis(db, context, job, window, "steps")
     return StepsOut(job_id=job_id, steps=[StepOut(**s) for s in result["steps"] or []])
-
-
-MAX_STEP = 2**62  # step numbers are stored as signed 64-bit integers
 
 
 @router.get("/jobs/{job_id}/trend", response_model=TrendOut)

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import logging
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sa_exc
 
 from smon_server import __version__
 from smon_server.api import alerts, health, jobs, metrics
 from smon_server.context import ServerContext
+
+log = logging.getLogger(__name__)
+# The database cannot be reached or dropped the connection: the request may succeed later.
+_UNAVAILABLE = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.DisconnectionError,
+    psycopg.OperationalError,
+)
 
 
 def create_app(context: ServerContext) -> FastAPI:
@@ -20,4 +34,15 @@ def create_app(context: ServerContext) -> FastAPI:
     app.include_router(metrics.router)
     app.include_router(jobs.router)
     app.include_router(alerts.router)
+
+    for error in _UNAVAILABLE:
+        app.add_exception_handler(error, database_unavailable)
     return app
+
+
+async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """503 with Retry-After, not 500: the request is fine, the database is away for now."""
+    log.warning("%s %s: database unavailable: %s", request.method, request.url.path, exc)
+    return JSONResponse(
+        status_code=503, content={"detail": "database unavailable; retry later"}, headers={"Retry-After": "5"}
+    )
