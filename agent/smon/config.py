@@ -34,8 +34,10 @@ class AgentConfig:
     # Bounded flush at close / process exit.
     flush_timeout: float = 3.0
     # Reconnect backoff: full jitter, exponential from `backoff_base` up to `backoff_cap`.
-    backoff_base: float = 0.5
-    backoff_cap: float = 30.0
+    # The cap is short: a server restart must not cost an agent that exits soon after its records
+    # (full jitter spreads thousands of agents' retries over the interval).
+    backoff_base: float = 0.25
+    backoff_cap: float = 2.0
     # Clock offset: round trips per estimate and how often to refresh it.
     clock_samples: int = 5
     clock_refresh_interval: float = 300.0

@@ -114,6 +114,21 @@ def test_no_step_lost_across_server_restart(attach_fast):
         second.stop()
 
 
+def test_reconnects_within_seconds_of_the_server_coming_back(attach_fast):
+    # With the default backoff (not the tests' fast one): after 10 s of failed connects the delay
+    # has reached its cap, which must stay a couple of seconds (a 30 s cap lost most records of
+    # agents that exited soon after a server restart).
+    port = unused_port()
+    mon = attach_fast(server=f"127.0.0.1:{port}", backoff_base=None, backoff_cap=None)
+    mon.step()
+    time.sleep(10)
+    server = IngestServer(RecordingIngest(), port=port).start()
+    try:
+        assert server.servicer.wait_for(lambda s: s.step_numbers() == [0], timeout=5)
+    finally:
+        server.stop()
+
+
 def test_queue_full_drops_oldest_and_reports_the_count(attach_fast):
     port = unused_port()
     mon = attach_fast(server=f"127.0.0.1:{port}", queue_size=5)

@@ -161,7 +161,12 @@ def test_ingest_token_is_required_when_configured(database_url: str) -> None:
             stub.Push(b, metadata=[("authorization", "Bearer wrong")])
         ack = stub.Push(b, metadata=[("authorization", "Bearer s3cret")])
         assert ack.accepted == 1
-        assert _metric(server, "smon_ingest_rejected_total", reason="unauthenticated") == 2
+        with pytest.raises(grpc.RpcError) as info:  # the clock too: it tells time to anyone otherwise
+            stub.Clock(pb.ClockRequest(agent_time=1.0))
+        assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        reply = stub.Clock(pb.ClockRequest(agent_time=1.0), metadata=[("authorization", "Bearer s3cret")])
+        assert reply.agent_time == 1.0
+        assert _metric(server, "smon_ingest_rejected_total", reason="unauthenticated") == 3
 
 
 def test_clock_rpc_echoes_and_reports_server_time(stub: pb_grpc.IngestStub) -> None:

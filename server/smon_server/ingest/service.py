@@ -76,6 +76,7 @@ class IngestService:
             yield await self._handle(request, context)
 
     async def clock_rpc(self, request: pb.ClockRequest, context: grpc.aio.ServicerContext) -> pb.ClockReply:
+        await self._authenticate(context)
         return pb.ClockReply(agent_time=request.agent_time, server_time=self.clock())
 
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
