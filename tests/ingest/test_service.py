@@ -211,3 +211,22 @@ def test_a_batch_the_database_refuses_is_refused_for_good_and_the_next_is_stored
     ack = stub.Push(f.batch(job, 0, 1, seq=2, steps=steps[2:]))
     assert (ack.accepted, ack.rejected) == (2, 0)
     assert _count(server, StepRecord) == 2
+
+
+def test_a_seq_resent_with_other_records_is_refused_not_acked_as_stored(
+    server: BackgroundServer, stub: pb_grpc.IngestStub
+) -> None:
+    job = f.new_job_id()
+    steps = f.dp_job_steps(1, range(6))[0]
+    first = f.batch(job, 0, 1, seq=7, steps=steps[:3])
+    assert stub.Push(first).accepted == 3
+    # The same batch again, with another heartbeat (as a real resend may carry): a duplicate.
+    again = f.batch(job, 0, 1, seq=7, steps=steps[:3], heartbeat=pb.Heartbeat(time=f.T0 + 9))
+    ack = stub.Push(again)
+    assert ack.duplicate and ack.rejected == 0
+    # The same seq with other records: refused, so the agent knows they were not stored.
+    reused = f.batch(job, 0, 1, seq=7, steps=steps[3:])
+    ack = stub.Push(reused)
+    assert (ack.accepted, ack.rejected, ack.duplicate) == (0, 3, False)
+    assert [r.reason for r in ack.rejections] == ["seq_reused"]
+    assert _count(server, StepRecord) == 3

@@ -29,6 +29,7 @@ SERVICE_NAME = "smon.v1.Ingest"
 MALFORMED = "malformed"
 UNAUTHENTICATED = "unauthenticated"
 STORAGE_REFUSED = "storage_refused"  # the database refused the batch's content: never resend it
+SEQ_REUSED = "seq_reused"  # (agent_id, seq) already stored with other records
 
 
 class IngestService:
@@ -107,6 +108,9 @@ class IngestService:
             log.exception("storing batch %s/%d failed", valid.agent_id, valid.seq)
             await context.abort(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later")
             raise
+        if result.conflict:
+            detail = f"seq {batch.seq} of agent {batch.agent_id} was stored before with other records"
+            return self._refuse_whole(batch, SEQ_REUSED, detail)
         valid = result.stored
         self._count(valid, duplicate=result.duplicate)
         if valid.final and self.on_final is not None:

@@ -99,6 +99,9 @@ class IngestedBatch(Base):
     received_at: Mapped[float] = mapped_column(Double)
     accepted: Mapped[int] = mapped_column(Integer, default=0)
     rejected: Mapped[int] = mapped_column(Integer, default=0)
+    # Of the batch's valid records (ValidBatch.digest): a resend must carry the same records.
+    # NULL for batches stored before migration 0007.
+    digest: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
 
 class SpanKind(Base):

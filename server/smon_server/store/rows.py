@@ -5,6 +5,7 @@ They live here, not with their producers or consumers, so that the store depends
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -105,3 +106,16 @@ class ValidBatch:
     @property
     def accepted(self) -> int:
         return len(self.steps) + len(self.gpu_samples)
+
+    @property
+    def digest(self) -> int:
+        """A signed 64-bit digest of the records (not of the message bytes: protobuf does not
+        promise one encoding, and the heartbeat and counters of a resend may differ)."""
+        h = hashlib.blake2b(digest_size=8)
+        b = self.steps
+        for column in (b.step, b.start_time, b.duration, b.span_offsets, b.span_start, b.span_duration):
+            h.update(np.ascontiguousarray(column).tobytes())
+        h.update("\x00".join(b.kind_names[k] for k in b.span_kind.tolist()).encode())
+        for sample in self.gpu_samples:
+            h.update(repr((sample["gpu_index"], sample["time"])).encode())
+        return int.from_bytes(h.digest(), "little", signed=True)

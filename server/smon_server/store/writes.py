@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from sqlalchemy import case, func, insert, select, text
+from sqlalchemy import and_, case, func, insert, or_, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -43,6 +43,9 @@ class WriteResult:
     # The batch as stored: records whose span kinds could get no code (the kind dictionary is
     # full) moved from its steps to its rejections, so the Ack and the counts say so.
     stored: ValidBatch
+    # A duplicate whose records differ from those stored under its (agent_id, seq): not a resend
+    # but a reused seq (an agent bug, or two agents with one id). Nothing of it was stored.
+    conflict: bool = False
 
 
 def write_batch(db: Database, batch: ValidBatch, now: float) -> WriteResult:
@@ -56,7 +59,8 @@ def write_batches(db: Database, batches: Sequence[ValidBatch], now: float) -> li
     batches = [_refuse_unnamed_kinds(b, codes) for b in batches]
     with db.transaction() as session:
         dialect = session.get_bind().dialect.name
-        fresh = _claim_batches(session, dialect, batches, now)
+        digests = [b.digest for b in batches]
+        fresh, conflicts = _claim_batches(session, dialect, batches, digests, now)
         stored = [b for i, b in enumerate(batches) if i in fresh]
         if stored:
             job_keys = _upsert_jobs(session, dialect, stored, now)
@@ -71,7 +75,10 @@ def write_batches(db: Database, batches: Sequence[ValidBatch], now: float) -> li
             samples = [row for b in stored for row in b.gpu_samples]
             if samples:
                 _insert_ignoring_conflicts(session, dialect, GpuSample, samples)
-    return [WriteResult(duplicate=i not in fresh, stored=b) for i, b in enumerate(batches)]
+    return [
+        WriteResult(duplicate=i not in fresh, stored=b, conflict=i in conflicts)
+        for i, b in enumerate(batches)
+    ]
 
 
 def _refuse_unnamed_kinds(batch: ValidBatch, codes: dict[str, int]) -> ValidBatch:
@@ -145,8 +152,11 @@ def _greatest(dialect: str, a: Any, b: Any, *, least: bool = False) -> Any:
     return getattr(func, name)(func.coalesce(a, b), func.coalesce(b, a))
 
 
-def _claim_batches(session: Session, dialect: str, batches: Sequence[ValidBatch], now: float) -> set[int]:
-    """Indexes of the batches stored for the first time (a repeat within the group is a resend too)."""
+def _claim_batches(
+    session: Session, dialect: str, batches: Sequence[ValidBatch], digests: Sequence[int], now: float
+) -> tuple[set[int], set[int]]:
+    """(indexes of the batches stored for the first time, indexes of the repeats whose records
+    differ from the first's). A repeat within the group is a resend too."""
     first: dict[tuple[str, int], int] = {}
     for i, b in enumerate(batches):
         first.setdefault((b.agent_id, b.seq), i)
@@ -158,19 +168,38 @@ def _claim_batches(session: Session, dialect: str, batches: Sequence[ValidBatch]
             "received_at": now,
             "accepted": b.accepted,
             "rejected": len(b.rejections),
+            "digest": digests[i],
         }
-        for b in (batches[i] for i in first.values())
+        for i, b in ((i, batches[i]) for i in first.values())
     ]
     stmt = _dialect_insert(dialect, IngestedBatch).on_conflict_do_nothing()
+    fresh: set[int] = set()
     if dialect == "postgresql":
         returning = stmt.returning(IngestedBatch.agent_id, IngestedBatch.seq)
         claimed = session.connection().execute(returning, values).all()
-        return {first[(agent_id, seq)] for agent_id, seq in claimed}
-    out = set()
-    for key, value in zip(first, values, strict=True):
-        if session.execute(stmt.values(value).returning(IngestedBatch.seq)).first() is not None:
-            out.add(first[key])
-    return out
+        fresh = {first[(agent_id, seq)] for agent_id, seq in claimed}
+    else:
+        for key, value in zip(first, values, strict=True):
+            if session.execute(stmt.values(value).returning(IngestedBatch.seq)).first() is not None:
+                fresh.add(first[key])
+    # What each (agent_id, seq) was first stored with: this group's first copy, or the database's.
+    stored_digest: dict[tuple[str, int], int | None] = {
+        key: digests[i] for key, i in first.items() if i in fresh
+    }
+    resent = [key for key, i in first.items() if i not in fresh]
+    if resent:
+        rows = session.execute(
+            select(IngestedBatch.agent_id, IngestedBatch.seq, IngestedBatch.digest).where(
+                or_(*(and_(IngestedBatch.agent_id == a, IngestedBatch.seq == q) for a, q in resent))
+            )
+        ).all()
+        stored_digest.update({(a, q): d for a, q, d in rows})
+    conflicts = {
+        i
+        for i, b in enumerate(batches)
+        if i not in fresh and stored_digest.get((b.agent_id, b.seq)) not in (None, digests[i])
+    }
+    return fresh, conflicts
 
 
 def _by(batches: Iterable[ValidBatch], key: str) -> dict[str, list[ValidBatch]]:
