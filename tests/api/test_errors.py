@@ -64,3 +64,17 @@ def test_a_database_that_is_away_gets_503_and_probes_say_so_without_its_address(
             response = c.get(path)
             assert response.status_code == 503, (path, response.text)
             assert response.headers["retry-after"] == "5"
+
+
+def test_a_job_id_with_slashes_is_reachable(server: BackgroundServer, client: httpx.Client) -> None:
+    job = f"team/{f.new_job_id()}/run-1"
+    push_job(server, job)
+    analyse(server)
+    quoted = job.replace("/", "%2F")
+    for path in (f"/jobs/{quoted}/summary", f"/jobs/{job}/summary", f"/jobs/{quoted}/workers/0"):
+        response = client.get(path)
+        assert response.status_code == 200, (path, response.text)
+    assert client.get(f"/jobs/{quoted}/summary").json()["job_id"] == job
+    assert client.get(f"/jobs/{quoted}/workers/0").json()["rank"] == 0
+    listed = [j["job_id"] for j in client.get("/jobs", params={"q": "team/"}).json()["jobs"]]
+    assert listed == [job]

@@ -117,7 +117,7 @@ def _analysis(db: DbDep, context: ContextDep, job: Job, window: StepWindow, *par
     return fresh
 
 
-@router.get("/jobs/{job_id}/summary", response_model=SummaryOut)
+@router.get("/jobs/{job_id:path}/summary", response_model=SummaryOut)
 def summary(
     job_id: str,
     db: DbDep,
@@ -140,7 +140,7 @@ def summary(
     return SummaryOut.model_validate(body)
 
 
-@router.get("/jobs/{job_id}/steps", response_model=StepsOut)
+@router.get("/jobs/{job_id:path}/steps", response_model=StepsOut)
 def steps(
     job_id: str,
     db: DbDep,
@@ -154,7 +154,7 @@ def steps(
     return StepsOut(job_id=job_id, steps=[StepOut(**s) for s in result["steps"] or []])
 
 
-@router.get("/jobs/{job_id}/trend", response_model=TrendOut)
+@router.get("/jobs/{job_id:path}/trend", response_model=TrendOut)
 def job_trend(
     job_id: str,
     db: DbDep,
@@ -175,7 +175,7 @@ def job_trend(
     )
 
 
-@router.get("/jobs/{job_id}/heatmap", response_model=HeatmapOut)
+@router.get("/jobs/{job_id:path}/heatmap", response_model=HeatmapOut)
 def heatmap(
     job_id: str,
     db: DbDep,
@@ -208,7 +208,7 @@ def heatmap(
     )
 
 
-@router.get("/jobs/{job_id}/workers", response_model=WorkersOut)
+@router.get("/jobs/{job_id:path}/workers", response_model=WorkersOut)
 def workers(
     job_id: str,
     db: DbDep,
@@ -222,7 +222,7 @@ def workers(
     return WorkersOut(job_id=job_id, **(result["workers"] or {"dp_ranks": [], "stages": [], "values": []}))
 
 
-@router.get("/jobs/{job_id}/workers/{rank}", response_model=WorkerOut)
+@router.get("/jobs/{job_id:path}/workers/{rank}", response_model=WorkerOut)
 def worker(
     job_id: str,
     rank: int,
