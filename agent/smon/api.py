@@ -54,6 +54,8 @@ def attach(
     max_batch_records: int | None = None,
     backoff_base: float | None = None,
     backoff_cap: float | None = None,
+    tls: bool | None = None,
+    tls_ca_file: str | None = None,
 ) -> Monitor:
     """Start monitoring this rank; returns the `Monitor` handle.
 
@@ -64,6 +66,8 @@ def attach(
     dataloader: any iterable object whose class can be subclassed; adds `data_wait` spans.
     job, server, token: default `SMON_JOB` (else TORCHELASTIC_RUN_ID / generated),
         `SMON_SERVER` (127.0.0.1:50051), `SMON_TOKEN`.
+    tls, tls_ca_file: TLS to the server, with the system's root certificates or those of a PEM
+        file (default `SMON_TLS=1`, `SMON_TLS_CA`; a CA file implies TLS).
     dp/pp/tp_rank, *_size, mesh: parallel coordinates (else SMON_*_RANK / SMON_*_SIZE, else
         detected from a DeviceMesh or Megatron's parallel_state, else pure data parallel).
     start_step: number of the first step (resuming from a checkpoint).

@@ -24,6 +24,10 @@ class AgentConfig:
 
     server: str = DEFAULT_SERVER
     token: str | None = None
+    # TLS to the server: SMON_TLS=1 (the system's root certificates) or SMON_TLS_CA=<PEM file>
+    # (a private CA's; implies TLS). Without TLS the token travels in clear.
+    tls: bool = False
+    tls_ca_file: str | None = None
     # Shipping: a batch goes out when `max_batch_records` are queued or `flush_interval` has passed
     # since the last one; with nothing to send, a heartbeat-only batch every `heartbeat_interval`.
     flush_interval: float = 1.0
@@ -96,12 +100,17 @@ def resolve_config(
     backoff_base: float | None = None,
     backoff_cap: float | None = None,
     max_batch_records: int | None = None,
+    tls: bool | None = None,
+    tls_ca_file: str | None = None,
 ) -> AgentConfig:
     """Build the config from arguments > environment > defaults."""
     d = AgentConfig()
+    ca = tls_ca_file or os.environ.get("SMON_TLS_CA", "").strip() or None
     return AgentConfig(
         server=server or os.environ.get("SMON_SERVER", "").strip() or DEFAULT_SERVER,
         token=token or os.environ.get("SMON_TOKEN", "").strip() or None,
+        tls=bool(ca) or (tls if tls is not None else env_flag("SMON_TLS")),
+        tls_ca_file=ca,
         flush_interval=_pick(flush_interval, "SMON_AGENT_FLUSH_INTERVAL", d.flush_interval),
         heartbeat_interval=_pick(heartbeat_interval, "SMON_AGENT_HEARTBEAT_INTERVAL", d.heartbeat_interval),
         flush_timeout=_pick(flush_timeout, "SMON_AGENT_FLUSH_TIMEOUT", d.flush_timeout),

@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -227,9 +228,16 @@ class Shipper:
             else:
                 self._closing.wait(delay)  # close() cuts the wait short for a last flush attempt
 
+    def _channel(self) -> grpc.Channel:
+        cfg = self._config
+        if not cfg.tls:
+            return grpc.insecure_channel(cfg.server, options=CHANNEL_OPTIONS)
+        roots = Path(cfg.tls_ca_file).read_bytes() if cfg.tls_ca_file else None  # None: system roots
+        return grpc.secure_channel(cfg.server, grpc.ssl_channel_credentials(roots), options=CHANNEL_OPTIONS)
+
     def _session(self) -> bool:
         session = _Session()
-        channel = grpc.insecure_channel(self._config.server, options=CHANNEL_OPTIONS)
+        channel = self._channel()
         try:
             stub = pb_grpc.IngestStub(channel)
             self._refresh_clock(stub, required=True)
