@@ -178,7 +178,13 @@ def test_api_token(database_url: str) -> None:
         assert c.get("/api/v1/jobs").status_code == 401
         assert c.get("/api/v1/jobs", headers={"Authorization": "Bearer nope"}).status_code == 401
         assert c.get("/api/v1/jobs", headers={"Authorization": "Bearer t0ken"}).json()["jobs"] == []
+        # Probes stay open; metrics and the schema need the token; the interactive docs are off.
         assert c.get("/healthz").status_code == 200
+        assert c.get("/readyz").status_code == 200
+        for path in ("/metrics", "/openapi.json"):
+            assert c.get(path).status_code == 401, path
+            assert c.get(path, headers={"Authorization": "Bearer t0ken"}).status_code == 200, path
+        assert c.get("/docs").status_code == 404
 
 
 def test_stalled_job_is_diagnosed_as_hang(database_url: str) -> None:
