@@ -75,6 +75,9 @@ def test_records_over_the_batch_limit_are_rejected_not_dropped_silently() -> Non
         (lambda b: setattr(b.coords, "job", ""), v.MISSING_JOB),
         (lambda b: setattr(b.coords, "rank", 5), v.BAD_COORDINATES),
         (lambda b: setattr(b, "clock_offset", math.nan), v.BAD_CLOCK_OFFSET),
+        (lambda b: setattr(b.coords, "host", "h" * 257), v.BAD_COORDINATES),
+        (lambda b: setattr(b.coords, "gpu_uuid", "GPU-\x00"), v.BAD_COORDINATES),
+        (lambda b: setattr(b.coords, "job", "job\x00"), v.MISSING_JOB),
     ],
 )
 def test_batch_without_identity_is_rejected_whole(mutate, reason: str) -> None:

@@ -39,6 +39,8 @@ DUPLICATE_STEP = "duplicate_step"
 NEGATIVE_VALUE = "negative_value"
 BAD_SPAN = "bad_span"  # a micro-batch or chunk number outside what a stored span holds
 
+# Strings of the coordinates and the columns they are stored in (store/models.py Agent).
+COORDINATE_STRINGS = {"host": 256, "gpu_uuid": 128, "agent_version": 64}  # backend: cut to 32
 MAX_NAME_LENGTH = 128
 MAX_JOB_LENGTH = 256
 MAX_CLOCK_OFFSET = 365 * 86_400.0
@@ -77,6 +79,12 @@ def validate_batch(batch: pb.Batch, limits: Limits) -> ValidBatch:
         )
     if min(coords.dp_rank, coords.pp_rank, coords.tp_rank) < 0:
         raise BatchRejected(BAD_COORDINATES, "dp/pp/tp ranks must be >= 0")
+    for name, limit in COORDINATE_STRINGS.items():
+        value = getattr(coords, name)
+        if len(value) > limit or "\x00" in value:
+            raise BatchRejected(BAD_COORDINATES, f"coords.{name} must be at most {limit} characters, no NUL")
+    if "\x00" in coords.job or "\x00" in batch.agent_id:
+        raise BatchRejected(MISSING_JOB, "job and agent_id must not contain NUL")
     offset = batch.clock_offset
     if not math.isfinite(offset) or abs(offset) > MAX_CLOCK_OFFSET:
         raise BatchRejected(BAD_CLOCK_OFFSET, f"clock_offset {offset!r} is not a plausible offset")
@@ -290,6 +298,8 @@ _GPU_INT_FIELDS = ("throttle_reasons", "ecc_corrected", "ecc_uncorrected", "pcie
 
 
 def _check_gpu_sample(sample: pb.GpuSample) -> str | None:
+    if len(sample.gpu_uuid) > COORDINATE_STRINGS["gpu_uuid"] or "\x00" in sample.gpu_uuid:
+        return BAD_NAME
     if not math.isfinite(sample.time) or sample.time <= 0:
         return BAD_TIME
     for name in _GPU_FLOAT_FIELDS:
