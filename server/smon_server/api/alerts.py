@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 
 from smon_server.alerts import outbox
-from smon_server.api.deps import ApiTokenDep, ContextDep, DbDep
+from smon_server.api.deps import ApiTokenDep, ContextDep, DbDep, RowId
 from smon_server.api.schemas import utc
 from smon_server.store.models import Alert, Notification, Silence
 
@@ -137,7 +137,7 @@ def list_alerts(
 
 
 @router.get("/alerts/{alert_id}", response_model=AlertDetailOut)
-def get_alert(alert_id: int, db: DbDep, _auth: ApiTokenDep) -> AlertDetailOut:
+def get_alert(alert_id: RowId, db: DbDep, _auth: ApiTokenDep) -> AlertDetailOut:
     """One incident with its notifications: did the page go out, and if not, why."""
     alert = db.get(Alert, alert_id)
     if alert is None:
@@ -160,7 +160,7 @@ def get_alert(alert_id: int, db: DbDep, _auth: ApiTokenDep) -> AlertDetailOut:
 
 
 @router.post("/alerts/{alert_id}/ack", response_model=AlertOut)
-def acknowledge(alert_id: int, body: AckIn, db: DbDep, context: ContextDep, _auth: ApiTokenDep) -> AlertOut:
+def acknowledge(alert_id: RowId, body: AckIn, db: DbDep, context: ContextDep, _auth: ApiTokenDep) -> AlertOut:
     """Acknowledged here and, where the incident was paged, in PagerDuty."""
     alert = db.get(Alert, alert_id)
     if alert is None:
@@ -199,7 +199,7 @@ def create_silence(body: SilenceIn, db: DbDep, _auth: ApiTokenDep) -> SilenceOut
 
 
 @router.delete("/silences/{silence_id}", response_model=SilenceOut)
-def expire_silence(silence_id: int, db: DbDep, _auth: ApiTokenDep) -> SilenceOut:
+def expire_silence(silence_id: RowId, db: DbDep, _auth: ApiTokenDep) -> SilenceOut:
     """Ends the silence now (kept for the record)."""
     silence = db.get(Silence, silence_id)
     if silence is None:

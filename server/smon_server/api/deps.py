@@ -6,7 +6,7 @@ import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Query, Request, status
+from fastapi import Depends, HTTPException, Path, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -60,6 +60,9 @@ ApiTokenDep = Annotated[None, Depends(require_api_token)]
 
 
 MAX_STEP = 2**62  # steps are stored as signed 64-bit integers: larger ones are a 422, not a 500
+MAX_RANK = 2**31 - 1  # ranks are stored as signed 32-bit integers
+# A stored row's integer id (alerts, silences): past the signed 64-bit column it is a 422.
+RowId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 
 def get_step_window(

@@ -6,9 +6,9 @@ import time
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Path, Query
 
-from smon_server.api.deps import MAX_STEP, ApiTokenDep, ContextDep, DbDep, SettingsDep, WindowDep
+from smon_server.api.deps import MAX_RANK, MAX_STEP, ApiTokenDep, ContextDep, DbDep, SettingsDep, WindowDep
 from smon_server.api.schemas import (
     GpuSampleOut,
     HeatmapOut,
@@ -54,7 +54,7 @@ def list_jobs(
     straggling: Annotated[bool | None, Query(description="only jobs with S >= 1.1 (or below)")] = None,
     q: Annotated[str | None, Query(max_length=256, description="job id contains this")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_STEP)] = 0,
 ) -> JobsOut:
     """Newest first. Filtered, counted and paged in the database; no job's analysis is decoded."""
     now = time.time()
@@ -184,8 +184,8 @@ def heatmap(
     _auth: ApiTokenDep,
     window: WindowDep,
     metric: Annotated[str, Query(description="slowdown, step_time, or a phase name")] = "slowdown",
-    from_rank: Annotated[int | None, Query(ge=0, description="zoom: first rank")] = None,
-    to_rank: Annotated[int | None, Query(ge=0, description="zoom: last rank")] = None,
+    from_rank: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="zoom: first rank")] = None,
+    to_rank: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="zoom: last rank")] = None,
     max_ranks: Annotated[int, Query(ge=1, le=8192, description="rows at most (max over each bin)")] = 512,
     max_steps: Annotated[int, Query(ge=1, le=8192, description="columns at most")] = 512,
 ) -> HeatmapOut:
@@ -225,7 +225,7 @@ def workers(
 @router.get("/jobs/{job_id:path}/workers/{rank}", response_model=WorkerOut)
 def worker(
     job_id: str,
-    rank: int,
+    rank: Annotated[int, Path(ge=0, le=MAX_RANK)],
     db: DbDep,
     settings: SettingsDep,
     context: ContextDep,

@@ -65,5 +65,7 @@ def downsample(grid: Grid, *, max_ranks: int, max_steps: int) -> dict[str, Any]:
 
 
 def _ranges(ids: np.ndarray, edges: np.ndarray) -> list[list[int]]:
+    if edges.size == 0:  # no rank (or step) in the range asked for
+        return []
     ends = np.append(edges[1:], ids.shape[0]) - 1
     return [[int(ids[a]), int(ids[b])] for a, b in zip(edges, ends, strict=True)]
