@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 
 from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest.commits import GroupCommitter, StorageRefused
+from smon_server.ingest.limits import AgentRates
 from smon_server.ingest.validate import BatchRejected, Limits, validate_batch
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.store.rows import ValidBatch
@@ -30,6 +31,7 @@ MALFORMED = "malformed"
 UNAUTHENTICATED = "unauthenticated"
 STORAGE_REFUSED = "storage_refused"  # the database refused the batch's content: never resend it
 SEQ_REUSED = "seq_reused"  # (agent_id, seq) already stored with other records
+RATE_LIMITED = "rate_limited"  # the agent sends far past SMON_INGEST_AGENT_RECORDS_PER_SECOND
 
 
 class IngestService:
@@ -42,7 +44,9 @@ class IngestService:
         token: str | None = None,
         clock: Callable[[], float] = time.time,
         on_final: Callable[[], None] | None = None,
+        rates: AgentRates | None = None,
     ) -> None:
+        self.rates = rates
         self.on_final = on_final  # an agent said goodbye: its job may have finished, analyse now
         self.committer = committer
         self.stats = stats
@@ -100,6 +104,9 @@ class IngestService:
             valid = validate_batch(batch, self.limits)
         except BatchRejected as rejected:
             return self._refuse_whole(batch, rejected.reason, rejected.detail)
+        hold = self.rates.take(valid.agent_id, valid.accepted) if self.rates is not None else 0.0
+        if hold is None:
+            return self._refuse_whole(batch, RATE_LIMITED, "records per second far past the agent's limit")
         try:
             result = await self.committer.write(valid)
         except StorageRefused as refused:
@@ -122,7 +129,7 @@ class IngestService:
             rejected=len(valid.rejections),
             rejections=valid.rejections,
             duplicate=result.duplicate,
-            throttle_seconds=self.committer.throttle_seconds(),
+            throttle_seconds=max(hold, self.committer.throttle_seconds()),
         )
 
     def _refuse_whole(self, batch: pb.Batch, reason: str, detail: str) -> pb.Ack:
