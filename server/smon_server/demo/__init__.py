@@ -83,6 +83,7 @@ def main(
             f"\nLook for yourself:\n"
             f"  summary   {server.http_url}/api/v1/jobs/{job}/summary\n"
             f"  per step  {server.http_url}/api/v1/jobs/{job}/steps\n"
+            f"  history   {server.http_url}/api/v1/jobs/{job}/trend\n"
             f"  heatmap   {server.http_url}/api/v1/jobs/{job}/heatmap?metric=forward\n"
             f"  API docs  {server.http_url}/docs"
         )
