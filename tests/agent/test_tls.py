@@ -1,12 +1,15 @@
-"""An agent reaches a server that speaks TLS (SMON_TLS_CA), and its token does not travel in clear."""
+"""An agent reaches a server that speaks TLS (SMON_TLS_CA), and its token does not travel in clear;
+the HTTP listener speaks TLS too."""
 
 from __future__ import annotations
 
 import shutil
+import ssl
 import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import func, select
 
@@ -69,3 +72,10 @@ def test_agent_speaks_tls_to_a_tls_server_and_plaintext_does_not_get_through(tmp
         plain.close(timeout=1)
         assert stored_steps(server, "tls-job") == 5
         assert stored_steps(server, "plain-job") == 0  # a plaintext client cannot talk to it
+        # The HTTP listener speaks TLS with the same certificate.
+        assert server.ports is not None
+        https = f"https://127.0.0.1:{server.ports.http}"
+        trusted = ssl.create_default_context(cafile=str(cert))
+        assert httpx.get(f"{https}/healthz", verify=trusted, timeout=10).status_code == 200
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{server.http_url}/healthz", timeout=10)  # plain HTTP gets no answer
