@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from smon_server.runtime import BackgroundServer
 from smon_server.settings import Settings
 from smon_server.store import migrate
 from smon_server.store.db import Database
+from tests.databases import fresh_database
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -49,16 +49,8 @@ def postgres_admin_url() -> str:
 @pytest.fixture
 def postgres_url(postgres_admin_url: str) -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
-    name = f"smon_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(postgres_admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(postgres_admin_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with fresh_database(postgres_admin_url, "smon_test") as url:
+        yield url
 
 
 @pytest.fixture

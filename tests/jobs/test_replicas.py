@@ -68,16 +68,18 @@ def analysed_to(url: str, job: str, step: int, timeout: float = 30.0) -> float:
     raise AssertionError(f"job {job} not analysed to step {step} within {timeout} s")
 
 
-def stored(url: str, job: str) -> tuple[list[str], int]:
-    """(the job's alert rules, one entry per alert; the analysis rows of the job)."""
+def stored(url: str, job: str) -> tuple[list[str], int, int | None]:
+    """(the job's alert rules, one entry per alert; its analysis rows; the worst rank named)."""
     engine = create_engine(url)
+    by_job = {"j": job}
     try:
         with engine.connect() as c:
-            rules = [r for (r,) in c.execute(text("SELECT rule FROM alerts WHERE job_id = :j"), {"j": job})]
-            rows = c.execute(
-                text("SELECT count(*) FROM analysis_results WHERE job_id = :j"), {"j": job}
+            rules = [r for (r,) in c.execute(text("SELECT rule FROM alerts WHERE job_id = :j"), by_job)]
+            rows = c.execute(text("SELECT count(*) FROM analysis_results WHERE job_id = :j"), by_job).scalar()
+            worst = c.execute(
+                text("SELECT worst_rank FROM analysis_results WHERE job_id = :j"), by_job
             ).scalar()
-        return sorted(rules), int(rows or 0)
+        return sorted(rules), int(rows or 0), worst
     finally:
         engine.dispose()
 
@@ -92,8 +94,8 @@ def test_replicas_share_a_job_and_the_survivor_takes_it_over(
     b.push(job, [2, 3], range(0, 60), seq=1, origin=origin)
     analysed_to(postgres_url, job, 59)
     time.sleep(3)  # a few passes of both replicas
-    rules, rows = stored(postgres_url, job)
-    assert rows == 1
+    rules, rows, worst = stored(postgres_url, job)
+    assert rows == 1 and worst == 2  # both replicas' ranks in one analysis, which names rank 2
     assert "job_straggling" in rules and len(rules) == len(set(rules)), rules  # one alert per rule
 
     # A dies; its agents reconnect to B, and B alone analyses the job from now on.
@@ -107,5 +109,5 @@ def test_replicas_share_a_job_and_the_survivor_takes_it_over(
     b.kill()
     again.push(job, [0, 1, 2, 3], range(100, 140), seq=3, origin=origin + 10)
     assert analysed_to(postgres_url, job, 139) < 15
-    rules, rows = stored(postgres_url, job)
-    assert rows == 1 and len(rules) == len(set(rules)), rules
+    rules, rows, worst = stored(postgres_url, job)
+    assert rows == 1 and worst == 2 and len(rules) == len(set(rules)), rules

@@ -138,12 +138,7 @@ def analyze_job(
         "workers": analysis.workers,
         "rank_slowdown": analysis.rank_slowdown,
         "rank_overall": {str(k): v for k, v in analysis.rank_overall.items()},
-        "trend": trend.buckets(
-            analysis.steps,
-            times,
-            stragglers=[int(x["rank"]) for x in summary.get("stragglers") or []],
-            leading_cause=str((summary.get("diagnoses") or [{}])[0].get("cause", "")),
-        ),
+        "trend": trend.buckets(analysis.steps, times),
         "step_seconds": float(analysis.result.step_time.mean()) if analysis.result is not None else None,
         "top_workers": _top_workers(analysis.rank_overall, agents, settings.metrics_top_k),
     }

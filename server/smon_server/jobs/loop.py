@@ -170,5 +170,5 @@ def analyse_one(context: ServerContext, job_id: str, now: float, *, state_change
         row = previous or AnalysisResult(job_id=job_id)
         job_analysis.store_result(row, result)
         session.add(row)
-        trend.store(session, job_id, result.get("trend") or [], now)
+        trend.store(session, row, result.get("trend") or [], now)
     return True

@@ -19,17 +19,13 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from smon_server.store.models import JobTrend
+from smon_server.store.models import AnalysisResult, JobTrend
 
 BUCKET_STEPS = 50
 
 
 def buckets(
-    steps: Sequence[dict[str, Any]],
-    times: Sequence[tuple[int, float, float]],
-    *,
-    stragglers: Sequence[int],
-    leading_cause: str,
+    steps: Sequence[dict[str, Any]], times: Sequence[tuple[int, float, float]]
 ) -> list[dict[str, Any]]:
     """One pass's per-step series (`{step, step_time, ideal_time}`) grouped by bucket."""
     when = {step: (start, end) for step, start, end in times}
@@ -47,17 +43,18 @@ def buckets(
                 "ideal_times": [float(m["ideal_time"]) for m in members],
                 "start_time": min((a for a, _ in spans), default=None),
                 "end_time": max((b for _, b in spans), default=None),
-                "stragglers": sorted(set(stragglers)),
-                "leading_cause": leading_cause[:32],
             }
         )
     return out
 
 
-def store(session: Session, job_id: str, rows: Sequence[dict[str, Any]], now: float) -> None:
-    """Merge one pass's buckets into the stored ones (the caller holds the job's lease)."""
+def store(session: Session, result: AnalysisResult, rows: Sequence[dict[str, Any]], now: float) -> None:
+    """Merge one pass's buckets into the stored ones, with the stragglers and leading cause of its
+    stored analysis `result` (the caller holds the job's lease)."""
     if not rows:
         return
+    job_id = result.job_id
+    stragglers = [int(s["rank"]) for s in (result.summary or {}).get("stragglers") or []]
     stored = {
         r.bucket: r
         for r in session.scalars(
@@ -84,10 +81,11 @@ def store(session: Session, job_id: str, rows: Sequence[dict[str, Any]], now: fl
         present = np.flatnonzero(~np.isnan(step_times))
         row.first_step = b["bucket"] * BUCKET_STEPS + int(present[0])
         row.last_step = b["bucket"] * BUCKET_STEPS + int(present[-1])
-        row.start_time = _least(row.start_time, b["start_time"])
-        row.end_time = _least(row.end_time, b["end_time"], greatest=True)
-        row.stragglers = sorted({*row.stragglers, *b["stragglers"]})
-        row.leading_cause = b["leading_cause"]
+        starts = [t for t in (row.start_time, b["start_time"]) if t is not None]
+        ends = [t for t in (row.end_time, b["end_time"]) if t is not None]
+        row.start_time, row.end_time = min(starts, default=None), max(ends, default=None)
+        row.stragglers = sorted({*row.stragglers, *stragglers})
+        row.leading_cause = result.leading_cause
         row.computed_at = now
 
 
@@ -140,10 +138,3 @@ def _empty() -> bytes:
 
 def _unpack(blob: bytes) -> np.ndarray:
     return np.frombuffer(blob, dtype=np.float32).copy()
-
-
-def _least(a: float | None, b: float | None, *, greatest: bool = False) -> float | None:
-    known = [x for x in (a, b) if x is not None]
-    if not known:
-        return None
-    return max(known) if greatest else min(known)

@@ -6,7 +6,7 @@ They live here, not with their producers or consumers, so that the store depends
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,9 +54,8 @@ class StepBlock:
         counts = np.diff(self.span_offsets)
         span_keep = np.repeat(keep, counts)
         per_record = {
-            f.name: getattr(self, f.name)[keep]
-            for f in fields(self)
-            if f.name in ("step", "start_time", "duration", "gc_count", "gc_seconds")
+            name: getattr(self, name)[keep]
+            for name in ("step", "start_time", "duration", "gc_count", "gc_seconds")
         }
         per_span = {
             name: getattr(self, name)[span_keep]
