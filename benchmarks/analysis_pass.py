@@ -6,7 +6,9 @@ Builds a fresh PostgreSQL database (SMON_BENCH_DATABASE_URL, default the test se
 data wait, forward, backward with a GC pause nested in it on some steps, the gradient all-reduce
 every rank waits in for the slowest, the optimizer; one rank's forward twice as slow), then runs
 the server's own pass (`jobs.analysis.analyze_job`: read the window, build the op table, what-if,
-attribution, diagnosis, views) in a fresh process and reports its wall time and peak RSS.
+attribution, diagnosis, views) in a fresh process and reports its wall time and peak RSS: once
+cold (nothing kept, as after a server start), then again after `--new-steps` more steps were
+stored, on the op table the first pass kept (the steady state of a live job: jobs/window_ops.py).
 
 Baselines, measured in the same run:
 - the pass's budget, SMON_ANALYSIS_INTERVAL's default (10 s), and 2 GB of memory;
@@ -46,12 +48,14 @@ OLD_LAYOUT = """CREATE TABLE old_step_records (
   seq_max_len int, microbatch_seq jsonb, received_at float8, PRIMARY KEY (job_id, rank, step))"""
 
 
-def synthetic_job(ranks: int, steps: int, rng: np.random.Generator, origin: float) -> list[tuple]:
+def synthetic_job(
+    ranks: int, steps: int, rng: np.random.Generator, origin: float, first: int = 0
+) -> list[tuple]:
     """Rows (job_key, step, rank, start, duration, agent_key, gc_count, gc_seconds, spans)."""
     rows = []
     t = origin
     slow = ranks // 3
-    for step in range(steps):
+    for step in range(first, first + steps):
         forward = 0.010 + rng.normal(0, 0.0003, ranks)
         forward[slow] *= 2.0
         data = 0.002 + rng.normal(0, 0.0001, ranks)
@@ -181,63 +185,117 @@ def build(url: str, ranks: int, steps: int) -> tuple[float, float]:
     return float(new_bytes) / len(rows), float(old_bytes) / len(sample)
 
 
-def run_pass(url: str) -> None:
-    """In a fresh process: one pass, then print its seconds and peak RSS as JSON."""
+COPY_STEPS = (
+    "COPY step_records (job_key, step, rank, start_time, duration, agent_key, gc_count, gc_seconds, "
+    "spans) FROM STDIN"
+)
+
+
+def append_steps(url: str, ranks: int, first: int, count: int) -> None:
+    """`count` more steps of the job, as ingest would have stored them since the last pass."""
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute("SELECT max(start_time + duration) FROM step_records").fetchone()
+        assert row is not None
+        rows = synthetic_job(ranks, count, np.random.default_rng(first), float(row[0]), first=first)
+        with conn.cursor().copy(COPY_STEPS) as copy:
+            for r in rows:
+                copy.write_row(r)
+        conn.execute("UPDATE jobs SET last_step = %s, last_step_seen = %s", (first + count - 1, time.time()))
+
+
+def _peak_bytes() -> int:
+    """This process's peak RSS since the last reset (VmHWM; ru_maxrss where it cannot be read)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _reset_peak() -> bool:
+    """Start a new peak RSS measurement (Linux: writing 5 to clear_refs resets VmHWM)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def run_pass(url: str, ranks: int, steps: int, new_steps: int, cache_mb: int) -> None:
+    """In a fresh process: a cold pass (nothing kept), then `new_steps` more steps are stored and
+    a second pass runs on the op table the first kept; prints seconds and peak RSS of each."""
     from smon_server.jobs.analysis import analyze_job
     from smon_server.settings import Settings
     from smon_server.store.models import Job
 
-    settings = Settings(database_url=url)
+    settings = Settings(database_url=url, analysis_cache_mb=cache_mb)
     db = Database(url)
-    with db.session() as session:
-        job = session.get(Job, "bench")
-        assert job is not None
-        start = time.perf_counter()
-        result = analyze_job(session=session, job=job, settings=settings, now=time.time())
-        seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    summary = result["summary"]
-    print(
-        json.dumps(
-            {
-                "seconds": seconds,
-                "peak_bytes": peak,
-                "slowdown": summary.get("slowdown"),
-                "steps": summary.get("steps_seen"),
-                "stragglers": len(summary.get("stragglers") or []),
-            }
-        )
-    )
+    figures: dict[str, object] = {}
+    for name in ("cold", "next"):
+        if name == "next":
+            append_steps(url, ranks, steps, new_steps)
+            figures["peak_reset"] = _reset_peak()
+        with db.session() as session:
+            job = session.get(Job, "bench")
+            assert job is not None
+            start = time.perf_counter()
+            result = analyze_job(session=session, job=job, settings=settings, now=time.time())
+            seconds = time.perf_counter() - start
+        summary = result["summary"]
+        figures[name] = {
+            "seconds": seconds,
+            "peak_bytes": _peak_bytes(),
+            "slowdown": summary.get("slowdown"),
+            "steps": summary.get("steps_seen"),
+            "stragglers": len(summary.get("stragglers") or []),
+        }
+    print(json.dumps(figures))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[64, 512, 4096])
     parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--pass-only", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--new-steps", type=int, default=10, help="steps stored between the two passes (default 10)"
+    )
+    parser.add_argument("--cache-mb", type=int, default=1024, help="SMON_ANALYSIS_CACHE_MB for the passes")
+    parser.add_argument("--pass-only", nargs=5, metavar="ARG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pass_only:
-        run_pass(args.pass_only)
+        url, ranks, steps, new_steps, cache_mb = args.pass_only
+        run_pass(url, int(ranks), int(steps), int(new_steps), int(cache_mb))
         return
     print(
-        f"{'ranks':>6} {'records':>10} {'B/record':>9} {'old B/rec':>9} {'ratio':>6} "
-        f"{'pass s':>7} {'/10 s':>6} {'peak GB':>8} {'/2 GB':>6} {'S':>6} {'stragglers':>10}"
+        f"{'ranks':>6} {'records':>10} {'B/record':>9} {'old B/rec':>9} {'ratio':>6} {'pass':>5} "
+        f"{'s':>7} {'/10 s':>6} {'peak GB':>8} {'/2 GB':>6} {'S':>6} {'stragglers':>10}"
     )
     for ranks in args.ranks:
         with fresh_database("smon_bench_pass") as url:
             per_record, old_per_record = build(url, ranks, args.steps)
-            out = subprocess.run(
-                [sys.executable, __file__, "--pass-only", url], capture_output=True, text=True, check=True
-            )
+            command = [sys.executable, __file__, "--pass-only", url, str(ranks), str(args.steps)]
+            command += [str(args.new_steps), str(args.cache_mb)]
+            out = subprocess.run(command, capture_output=True, text=True, check=True)
         figures = json.loads(out.stdout.strip().splitlines()[-1])
-        gb = figures["peak_bytes"] / 1e9
-        print(
-            f"{ranks:>6} {ranks * args.steps:>10} {per_record:>9.0f} {old_per_record:>9.0f} "
-            f"{per_record / old_per_record:>6.2f} {figures['seconds']:>7.2f} "
-            f"{figures['seconds'] / 10:>6.2f} "
-            f"{gb:>8.2f} {gb / 2:>6.2f} {figures['slowdown']:>6.3f} {figures['stragglers']:>10}",
-            flush=True,
-        )
+        for name, label in (("cold", "cold"), ("next", f"+{args.new_steps}")):
+            one = figures[name]
+            gb = one["peak_bytes"] / 1e9
+            head = (
+                f"{ranks:>6} {ranks * args.steps:>10} {per_record:>9.0f} {old_per_record:>9.0f} "
+                f"{per_record / old_per_record:>6.2f}"
+                if name == "cold"
+                else " " * 44
+            )
+            print(
+                f"{head} {label:>5} {one['seconds']:>7.2f} {one['seconds'] / 10:>6.2f} "
+                f"{gb:>8.2f} {gb / 2:>6.2f} {one['slowdown']:>6.3f} {one['stragglers']:>10}",
+                flush=True,
+            )
+        if not figures["peak_reset"]:
+            print("(peak RSS could not be reset: the second pass's peak includes the first's)")
 
 
 if __name__ == "__main__":

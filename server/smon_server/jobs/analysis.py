@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
-from smon_server.columns import StepColumns
 from smon_server.jobs import live, trend
 from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness, job_state
+from smon_server.jobs.window_ops import WindowCache, cache_key, window_ops
 from smon_server.settings import Settings
 from smon_server.store import grids, queries
 from smon_server.store.grids import Grid
@@ -26,7 +26,6 @@ from smon_server.store.models import Agent, AnalysisResult, Job
 from smon_server.store.queries import StepWindow
 from smon_server.store.step_window import read_window
 from smon_server.whatif.config import WhatIfConfig
-from smon_server.whatif.from_steps import build_op_table, complete_steps
 from smon_server.whatif.signals import HangState
 
 
@@ -71,18 +70,24 @@ def analyze_job(
     )
     agents = queries.job_agents(session=session, job_id=job.job_id)
     liveness = job_liveness(job, agents, now=now, stall_seconds=settings.stall_seconds)
-    warm = warmup_ranges(queries.restart_steps(session=session, job_id=job.job_id), settings.warmup_steps)
-    # One step before the window: steps are cut at their last collective, and the window's
-    # first step starts with the tail of the one before it (whatif/from_steps.py).
-    before = lo - 1 if lo is not None else None
-    records = read_window(session=session, job=job, from_step=before, to_step=hi)
-    complete = complete_steps(records)
-    ops = build_op_table(complete) if len(complete) else None
+    restarts = queries.restart_steps(session=session, job_id=job.job_id)
+    warm = warmup_ranges(restarts, settings.warmup_steps)
+    # The default window slides with the job: its op table is kept between passes and only the
+    # new steps are read and built. A window asked for by the API is built on its own.
+    built = window_ops(
+        session=session,
+        job=job,
+        lo=lo,
+        hi=hi,
+        key=cache_key(job, agents, restarts),
+        cache=process_cache(settings) if window is None else None,
+    )
+    ops = built.ops
     if ops is not None:
-        analysed = (ops.step >= (lo or 0)) & ~in_ranges(ops.step, warm)
-        ops = ops.take(analysed) if analysed.any() else None
-    steps_analysed = [int(x) for x in np.unique(ops.step)] if ops is not None else []
-    times = step_times(records, np.array(steps_analysed, dtype=np.int64))
+        analysed = ~in_ranges(ops.step, warm)
+        ops = (ops if analysed.all() else ops.take(analysed)) if analysed.any() else None
+    times = [t for t in built.times if not any(a <= t[0] < b for a, b in warm)] if ops is not None else []
+    steps_analysed = [step for step, _, _ in times]
     window_start = min((t[1] for t in times), default=None)
     window_end = max((t[2] for t in times), default=None)
     health = gpu_health(queries.gpu_samples(session=session, job_id=job.job_id, since=window_start), agents)
@@ -144,21 +149,17 @@ def analyze_job(
     }
 
 
-def step_times(records: StepColumns, steps: np.ndarray) -> list[tuple[int, float, float]]:
-    """(step, first start, last end) over every rank's record of each of `steps`: the wall time
-    each step covered."""
-    mine = np.isin(records.step, steps)
-    if not mine.any():
-        return []
-    step = records.step[mine]
-    start = records.start_time[mine]
-    end = start + records.duration[mine]
-    order = np.argsort(step, kind="stable")
-    step, start, end = step[order], start[order], end[order]
-    first = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
-    lows = np.minimum.reduceat(start, first)
-    highs = np.maximum.reduceat(end, first)
-    return [(int(s), float(a), float(b)) for s, a, b in zip(step[first], lows, highs, strict=True)]
+_cache: WindowCache | None = None
+
+
+def process_cache(settings: Settings) -> WindowCache | None:
+    """This process's cache of job windows (each analysis worker process has its own)."""
+    global _cache
+    if settings.analysis_cache_mb <= 0:
+        return None
+    if _cache is None:
+        _cache = WindowCache(settings.analysis_cache_mb * 1024 * 1024)
+    return _cache
 
 
 def _top_workers(overall: dict[int, float], agents: Sequence[Agent], k: int) -> list[dict[str, Any]]:

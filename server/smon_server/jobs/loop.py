@@ -68,6 +68,8 @@ def analysis_pass(context: ServerContext, now: float) -> int:
             return False
 
     workers = context.workers
+    if workers is not None:
+        workers.forget(set(jobs))
     if workers is not None and workers.processes > 1 and len(jobs) > 1:
         # One thread per worker process, each holding its job's lease while a process analyses it.
         with ThreadPoolExecutor(workers.processes, thread_name_prefix="smon-analysis") as pool:

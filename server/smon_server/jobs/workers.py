@@ -7,8 +7,11 @@ processes, each with its own database engine, and only the finished result comes
 stored. The job's lease stays with the server process that asked, for the whole analysis. Jobs are
 analysed in parallel, one per worker.
 
-A worker that dies (out of memory on a huge job, killed) fails that job's analysis, not the server:
-the pool is rebuilt and the job is tried again at the next pass.
+Each job sticks to one worker (the one with the fewest jobs when it was first seen), because a
+worker keeps the jobs it analysed in memory between passes and reads only their new steps
+(jobs/window_ops.py). A worker that dies (out of memory on a huge job, killed) fails that job's
+analysis, not the server: the worker is started again, with an empty cache, and the job is tried
+again at the next pass.
 """
 
 from __future__ import annotations
@@ -67,36 +70,56 @@ class AnalysisWorkers:
         self.settings = settings
         self.processes = processes
         self.pids: set[int] = set()  # workers that returned a result (tests read it)
-        self._pool: ProcessPoolExecutor | None = None
+        self._pools: list[ProcessPoolExecutor | None] = [None] * processes
+        self._owner: dict[str, int] = {}  # job -> the worker that keeps its window
         self._lock = threading.Lock()
 
-    def _executor(self) -> ProcessPoolExecutor:
+    def _slot(self, job_id: str) -> int:
         with self._lock:
-            if self._pool is None:  # started on first use: a server that never analyses pays nothing
-                self._pool = ProcessPoolExecutor(
-                    self.processes,
+            slot = self._owner.get(job_id)
+            if slot is None:
+                load = [0] * self.processes
+                for owner in self._owner.values():
+                    load[owner] += 1
+                slot = self._owner[job_id] = load.index(min(load))
+            return slot
+
+    def _executor(self, slot: int) -> ProcessPoolExecutor:
+        with self._lock:
+            pool = self._pools[slot]
+            if pool is None:  # started on first use: a server that never analyses pays nothing
+                pool = self._pools[slot] = ProcessPoolExecutor(
+                    1,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_start,
                     initargs=(self.settings,),
                 )
-            return self._pool
+            return pool
 
     def analyze(self, job_id: str, now: float) -> dict[str, Any] | None:
-        pool = self._executor()
+        slot = self._slot(job_id)
+        pool = self._executor(slot)
         try:
             pid, result = pool.submit(_analyze, job_id, now).result()
         except BrokenProcessPool:
-            log.error("an analysis worker died while analysing job %s; restarting the pool", job_id)
+            log.error("an analysis worker died while analysing job %s; restarting it", job_id)
             with self._lock:
-                if self._pool is pool:
-                    self._pool = None
+                if self._pools[slot] is pool:
+                    self._pools[slot] = None
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         self.pids.add(pid)
         return result
 
+    def forget(self, job_ids: set[str]) -> None:
+        """Jobs no longer stored: their worker need not be kept."""
+        with self._lock:
+            for job_id in set(self._owner) - job_ids:
+                del self._owner[job_id]
+
     def close(self) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pools, self._pools = self._pools, [None] * self.processes
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)

@@ -212,8 +212,11 @@ def _robust_mean(
             limit = reference + max(tolerance * reference, 3.0 * spread, ABSOLUTE_TOLERANCE)
             # ... and beyond its own step-to-step jitter against the reference worker: heavy
             # tails of a shared host (a transfer now and then 4x its median) are not a straggler.
-            jitter = jitter_against(step_cost, ref_worker)
-            keep = (per_worker <= limit) | (per_worker - reference <= NOISE_MARGIN * jitter)
+            keep = per_worker <= limit
+            over = np.flatnonzero(~keep)
+            if over.size:
+                jitter = jitter_against(step_cost, ref_worker, over)
+                keep[over] = per_worker[over] - reference <= NOISE_MARGIN * jitter
             left_out.extend((int(d), int(stage)) for d in np.flatnonzero(~keep))
         total += float(block[:, :, keep].sum(dtype=np.float64))
         count += int(block.shape[0] * block.shape[1] * int(keep.sum()))

@@ -53,12 +53,13 @@ F32_SLACK = 2.5e-7
 _TAIL = "<end>"  # a host op at the end of a step is named by this instead of an op it precedes
 
 
-def complete_steps(cols: StepColumns) -> StepColumns:
-    """Keep the steps every reporting worker has finished (the newest step is often partial)."""
+def complete_steps(cols: StepColumns, workers: int | None = None) -> StepColumns:
+    """Keep the steps every reporting worker has finished (the newest step is often partial);
+    `workers` is how many there are, when `cols` is only part of the job's records."""
     if not len(cols):
         return cols
     worker = _worker_ids(cols)
-    workers = int(worker.max()) + 1
+    workers = workers or int(worker.max()) + 1
     steps, step_index = np.unique(cols.step, return_inverse=True)
     pairs = np.unique(step_index.astype(np.int64) * workers + worker)  # (step, worker) seen
     per_step = np.bincount(pairs // workers, minlength=steps.size)
@@ -66,6 +67,13 @@ def complete_steps(cols: StepColumns) -> StepColumns:
 
 
 def build_op_table(cols: StepColumns) -> OpTable:
+    return build_labelled_op_table(cols)[0]
+
+
+def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str, int]]]:
+    """The op table, and for each host op seq_id its label (the op type it precedes, or
+    `<end>`, and that op's occurrence): what lets tables of consecutive steps built apart be
+    merged into one (whatif/merge.py)."""
     cols = _lead_tp(cols)
     order = np.lexsort((cols.step, cols.rank))
     if not np.array_equal(order, np.arange(order.size)):
@@ -159,10 +167,14 @@ def build_op_table(cols: StepColumns) -> OpTable:
     host_key[host_row] = op[host_before] * stride + occurrence[host_before]
     host_key[tail_row] = len(names) * stride
     is_host = out_op == host_code
-    out_seq[is_host] = _first_appearance_rank(host_key[is_host])
+    out_seq[is_host], host_keys = _first_appearance_rank(host_key[is_host])
+    labels = [
+        (names[int(k) // stride] if int(k) // stride < len(names) else _TAIL, int(k) % stride)
+        for k in host_keys
+    ]
     op_types, renumber = _renumber_by_first_appearance(out_op, names)
 
-    return OpTable(
+    table = OpTable(
         op_types=op_types,
         dp_rank=cols.dp_rank[record].astype(np.int32),
         stage=cols.pp_rank[record].astype(np.int32),
@@ -177,6 +189,7 @@ def build_op_table(cols: StepColumns) -> OpTable:
         seq_sq=_seq_sq(cols, record, out_op, out_mb, name_code),
         ends_at_last_op=True,
     )
+    return table, labels
 
 
 def _max_per_segment(values: np.ndarray, segment: np.ndarray, n: int, empty: float) -> np.ndarray:
@@ -269,14 +282,15 @@ def _occurrences(op: np.ndarray, window: np.ndarray, n_codes: int) -> np.ndarray
     return out
 
 
-def _first_appearance_rank(keys: np.ndarray) -> np.ndarray:
-    """Dense numbers for `keys`, in the order each key first appears."""
+def _first_appearance_rank(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense numbers for `keys`, in the order each key first appears, and the key of each number."""
     if not keys.size:
-        return keys.astype(np.int64)
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        return keys.astype(np.int64), keys.astype(np.int64)
+    unique, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    appearance = np.argsort(first, kind="stable")
     rank = np.empty(first.size, dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
-    return rank[inverse.ravel()]
+    rank[appearance] = np.arange(first.size)
+    return rank[inverse.ravel()], unique[appearance]
 
 
 def _renumber_by_first_appearance(codes: np.ndarray, names: list[str]) -> tuple[tuple[str, ...], np.ndarray]:

@@ -23,7 +23,10 @@ def robust_sigma(values: np.ndarray, axis: int = 0) -> np.ndarray:
     return MAD_TO_SIGMA * np.median(np.abs(values - np.median(values, axis=axis, keepdims=True)), axis=axis)
 
 
-def jitter_against(per_step: np.ndarray, reference: int) -> np.ndarray:
-    """[workers]: robust sigma over steps of each worker's difference from the reference worker,
-    for `per_step` shaped [steps, workers]."""
-    return robust_sigma(per_step - per_step[:, reference][:, None], axis=0)
+def jitter_against(per_step: np.ndarray, reference: int, workers: np.ndarray | None = None) -> np.ndarray:
+    """Robust sigma over steps of each worker's difference from the reference worker, for
+    `per_step` shaped [steps, workers]: of every worker, or of `workers` (indices) only. Callers
+    ask only for the workers already past the other tests: medians over 4,096 workers × 500
+    steps are seconds a pass need not spend."""
+    block = per_step if workers is None else per_step[:, workers]
+    return robust_sigma(block - per_step[:, reference][:, None], axis=0)

@@ -111,7 +111,8 @@ def _find(f: Facts, min_standout: float, limit: int) -> list[Straggler]:
     standout = busy - np.sort(busy, axis=0)[(busy.shape[0] - 1) // 2][None, :]  # over the lower median
     s_w = np.where(np.isnan(a.worker), -np.inf, a.worker)
     candidates = (s_w >= f.result.config.straggling_threshold) & (standout >= min_standout * ideal)
-    candidates &= standout >= NOISE_MARGIN * _jitter(f, names, busy)
+    if candidates.any():
+        candidates &= standout >= NOISE_MARGIN * _jitter(f, names, busy, candidates)
     order = sorted(zip(*np.nonzero(candidates), strict=True), key=lambda w: -s_w[w])[:limit]
     out = []
     for d, s in order:
@@ -163,13 +164,15 @@ def when_lost(f: Facts, op_types: list[str], w: tuple[int, ...]) -> dict[str, An
     return out
 
 
-def _jitter(f: Facts, names: list[str], busy: np.ndarray) -> np.ndarray:
-    """[dp, stage]: the step-to-step jitter of each worker's busy time against its stage's
-    typical worker. A surplus within a couple of these is the host's scheduling noise (one rank
-    sharing its core with something else for a while), not a straggler: a slow GPU or a sleeping
-    rank shifts every step (or some steps by a lot), while noise only widens the spread."""
+def _jitter(f: Facts, names: list[str], busy: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """[dp, stage]: the step-to-step jitter of each `wanted` worker's busy time (others: 0) against
+    its stage's typical worker. A surplus within a couple of these is the host's scheduling noise
+    (one rank sharing its core with something else for a while), not a straggler: a slow GPU or a
+    sleeping rank shifts every step (or some steps by a lot), while noise only widens the spread."""
     per_step: np.ndarray = np.sum(_totals(f, names), axis=0)  # [step, dp, stage]
     out = np.zeros_like(busy)
     for s in range(busy.shape[1]):
-        out[:, s] = jitter_against(per_step[:, :, s], lower_median_index(busy[:, s]))
+        workers = np.flatnonzero(wanted[:, s])
+        if workers.size:
+            out[workers, s] = jitter_against(per_step[:, :, s], lower_median_index(busy[:, s]), workers)
     return out

@@ -1,0 +1,220 @@
+"""A job's analysis window as an op table, built incrementally from one pass to the next.
+
+Reading a 4,096-rank × 500-step window and building its op table is most of a cold pass (tens of
+seconds). From one pass to the next only the newest steps change, so the process that analyses a
+job keeps the job's op table and, each pass, reads and builds only the steps after the newest one
+it holds, merges them in (whatif/merge.py) and drops the steps that slid out of the window.
+
+What may be kept: every step up to the newest *complete* step M (every worker reported it) is
+settled. An agent ships its records in step order and resends unacked batches before newer ones,
+so once every worker has reported M, a record of an earlier step that has not arrived never will
+(it was dropped and counted by its agent). The cache is keyed by what would change a settled
+step: the job's agents (a restarted rank re-runs steps under a new agent, and a new rank changes
+which steps are complete) and its restarts. Anything else, and a cached table that no longer
+reaches the window, means a cold build, which gives the same table.
+
+Memory is bounded by SMON_ANALYSIS_CACHE_MB over all jobs; the least recently analysed go first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from smon_server.columns import StepColumns
+from smon_server.store.models import Agent, Job
+from smon_server.store.step_window import read_window
+from smon_server.whatif.from_steps import build_labelled_op_table, complete_steps
+from smon_server.whatif.merge import HostLabels, drop_unused_types, merge_tables
+from smon_server.whatif.ops import OpTable
+
+StepTimes = list[tuple[int, float, float]]
+
+
+@dataclass
+class WindowOps:
+    """Ops of the complete steps from `lo` on, and each such step's wall-clock span."""
+
+    ops: OpTable | None
+    times: StepTimes  # (step, first start, last end), ascending
+    incremental: bool  # built on a cached table (for tests and the benchmark)
+
+
+@dataclass
+class _Entry:
+    key: Hashable
+    ops: OpTable
+    labels: HostLabels
+    workers: np.ndarray  # sorted worker ids (dp_rank << 32 | stage) of the records read
+    last_seen: np.ndarray  # per worker, the newest step it reported
+    through: int  # newest step in `ops`: every step up to it is settled
+    times: np.ndarray  # [steps, 3]: step, first start, last end
+
+    @property
+    def nbytes(self) -> int:
+        columns = (getattr(self.ops, name) for name in OpTable.COLUMNS)
+        return sum(int(c.nbytes) for c in columns) + int(self.times.nbytes) + 16 * self.workers.size
+
+
+class WindowCache:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, job_id: str, key: Hashable) -> _Entry | None:
+        with self._lock:
+            entry = self._entries.pop(job_id, None)
+        return entry if entry is not None and entry.key == key else None
+
+    def put(self, job_id: str, entry: _Entry) -> None:
+        if entry.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            self._entries[job_id] = entry
+            total = sum(e.nbytes for e in self._entries.values())
+            while total > self.max_bytes and len(self._entries) > 1:
+                _, evicted = self._entries.popitem(last=False)
+                total -= evicted.nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def cache_key(job: Job, agents: Sequence[Agent], restarts: Sequence[int]) -> Hashable:
+    return (job.key, job.world_size, tuple(sorted(a.key for a in agents)), tuple(restarts))
+
+
+def window_ops(
+    *,
+    session: Session,
+    job: Job,
+    lo: int | None,
+    hi: int | None,
+    key: Hashable,
+    cache: WindowCache | None,
+) -> WindowOps:
+    """The op table of the complete steps in [lo, hi] (from the cache where it can be)."""
+    entry = cache.get(job.job_id, key) if cache is not None else None
+    behind = entry is not None and (lo is None or entry.through < lo - 1)
+    if behind or (entry is not None and hi is not None and hi < entry.through):
+        entry = None  # the window jumped past what is kept, or looks back before it
+    if entry is not None:
+        entry = _extend(session, job, entry, hi)
+    if entry is not None and lo is not None and int(entry.last_seen.min()) < lo - 1:
+        entry = None  # a worker left: the window's steps are complete without it
+    incremental = entry is not None
+    if entry is None:
+        entry = _cold(session, job, lo, hi, key)
+    if entry is None:
+        return WindowOps(None, [], incremental=False)
+    if lo is not None:
+        entry = _trim(entry, lo)
+    if cache is not None:
+        cache.put(job.job_id, entry)
+    times = [(int(s), float(a), float(b)) for s, a, b in entry.times]
+    ops = entry.ops if len(entry.ops) else None
+    return WindowOps(ops, times, incremental=incremental)
+
+
+def _cold(session: Session, job: Job, lo: int | None, hi: int | None, key: Hashable) -> _Entry | None:
+    # One step before the window: steps are cut at their last collective, and the window's
+    # first step starts with the tail of the one before it (whatif/from_steps.py).
+    records = read_window(session=session, job=job, from_step=lo - 1 if lo is not None else None, to_step=hi)
+    workers, last_seen = _workers(records)
+    return _build(records, workers, last_seen, key, lo)
+
+
+def _extend(session: Session, job: Job, entry: _Entry, hi: int | None) -> _Entry | None:
+    """`entry` with the steps after its newest; None when its newest step's records are gone."""
+    records = read_window(session=session, job=job, from_step=entry.through, to_step=hi)
+    workers, last_seen = _workers(records)
+    if not np.isin(workers, entry.workers).all():
+        return None  # a worker joined: which steps are complete changes
+    last_seen = np.maximum(entry.last_seen, _at(workers, last_seen, entry.workers))
+    complete = complete_steps(records, entry.workers.size)
+    if not len(complete) or int(complete.step.min()) != entry.through:
+        return None  # retention or a rewrite took the step the new ones continue from
+    if int(complete.step.max()) == entry.through:
+        return replace(entry, last_seen=last_seen)
+    new = _build(complete, entry.workers, last_seen, entry.key, entry.through + 1)
+    if new is None:
+        return replace(entry, last_seen=last_seen)
+    ops, labels = merge_tables(entry.ops, entry.labels, new.ops, new.labels)
+    return _Entry(
+        key=entry.key,
+        ops=ops,
+        labels=labels,
+        workers=entry.workers,
+        last_seen=last_seen,
+        through=new.through,
+        times=np.concatenate([entry.times, new.times]),
+    )
+
+
+def _build(
+    records: StepColumns, workers: np.ndarray, last_seen: np.ndarray, key: Hashable, first: int | None
+) -> _Entry | None:
+    """Ops of the complete steps of `records` from `first` on (earlier ones lend their tail)."""
+    complete = complete_steps(records, workers.size)
+    if not len(complete):
+        return None
+    ops, labels = build_labelled_op_table(complete)
+    times = _step_times(complete)
+    if first is not None:
+        ops = ops.take(ops.step >= first)
+        times = times[times[:, 0] >= first]
+    return _Entry(
+        key=key,
+        ops=ops,
+        labels=labels,
+        workers=workers,
+        last_seen=last_seen,
+        through=int(complete.step.max()),
+        times=times,
+    )
+
+
+def _trim(entry: _Entry, lo: int) -> _Entry:
+    if not len(entry.ops) or int(entry.ops.step.min()) >= lo:
+        return entry
+    return replace(
+        entry,
+        ops=drop_unused_types(entry.ops.take(entry.ops.step >= lo)),
+        times=entry.times[entry.times[:, 0] >= lo],
+    )
+
+
+def _workers(records: StepColumns) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted worker ids in `records`, and the newest step each reported."""
+    ids = records.dp_rank.astype(np.int64) << 32 | records.pp_rank.astype(np.int64)
+    workers, index = np.unique(ids, return_inverse=True)
+    last_seen = np.full(workers.size, np.iinfo(np.int64).min)
+    np.maximum.at(last_seen, index.ravel(), records.step)
+    return workers, last_seen
+
+
+def _at(workers: np.ndarray, values: np.ndarray, into: np.ndarray) -> np.ndarray:
+    """`values` of `workers` placed at their positions in `into` (a superset); others the minimum."""
+    out = np.full(into.size, np.iinfo(np.int64).min)
+    out[np.searchsorted(into, workers)] = values
+    return out
+
+
+def _step_times(records: StepColumns) -> np.ndarray:
+    """[steps, 3]: each step, its records' first start and last end (the wall time it covered)."""
+    if not len(records):
+        return np.zeros((0, 3))
+    order = np.argsort(records.step, kind="stable")
+    step = records.step[order]
+    start = records.start_time[order]
+    end = start + records.duration[order]
+    first = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    return np.column_stack(
+        [step[first].astype(np.float64), np.minimum.reduceat(start, first), np.maximum.reduceat(end, first)]
+    )

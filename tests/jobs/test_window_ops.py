@@ -1,0 +1,171 @@
+"""A pass built on the op table kept from the pass before gives the answer of a pass built from
+scratch (jobs/window_ops.py): the same summary, step series and heatmap, to the digits shown."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from smon.v1 import ingest_pb2 as pb
+from smon_server.ingest.validate import Limits, validate_batch
+from smon_server.jobs import analysis
+from smon_server.jobs.window_ops import WindowCache, WindowOps, window_ops
+from smon_server.settings import Settings
+from smon_server.store.db import Database
+from smon_server.store.models import Job
+from smon_server.store.writes import write_batches
+from tests import factories as f
+from tests.conftest import server_settings
+
+RANKS = 4
+WINDOW = 30
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Database]:
+    from smon_server.store import migrate
+
+    database = Database(database_url)
+    migrate.upgrade(database)
+    yield database
+    database.dispose()
+
+
+def _steps(first: int, count: int, origin: float) -> tuple[dict[int, list[pb.StepRecord]], float]:
+    """DP steps: rank 2 slow in forward from step 40 to 70; a GC pause nested in rank 1's backward
+    every 5th step; a checkpoint phase on every rank at step 25 only (an op type that slides out of
+    the window); rank 0 idles 8 ms after its optimizer every 7th step (host work)."""
+    out: dict[int, list[pb.StepRecord]] = {r: [] for r in range(RANKS)}
+    t = origin
+    for step in range(first, first + count):
+        one = f.dp_job_steps(
+            RANKS, [step], slow_rank=2 if 40 <= step < 70 else None, slow_forward=0.015, origin=t
+        )
+        end = max(rec.end_time for recs in one.values() for rec in recs)
+        for r, (rec,) in one.items():
+            if r == 1 and step % 5 == 0:
+                backward = next(s for s in rec.spans if s.kind == "backward")
+                rec.spans.append(pb.Span(kind="gc", start=backward.start + 0.002, duration=0.004))
+                rec.gc_count, rec.gc_seconds = 1, 0.004
+            if step == 25:
+                rec.spans.append(pb.Span(kind="checkpoint", start=rec.end_time, duration=0.030))
+                rec.end_time += 0.030
+                rec.duration += 0.030
+            if r == 0 and step % 7 == 0:
+                rec.end_time += 0.008
+                rec.duration += 0.008
+            out[r].append(rec)
+        t = max(end, *(rec.end_time for recs in out.values() for rec in recs[-1:])) + 0.0005
+    return out, t
+
+
+def _comparable(result: dict[str, Any]) -> dict[str, Any]:
+    """What a pass stores and serves, with floats to 9 significant digits (more than shown)."""
+
+    def rounded(value: Any) -> Any:
+        if isinstance(value, float):
+            return float(f"{value:.9g}") if math.isfinite(value) else str(value)
+        if isinstance(value, dict):
+            return {k: rounded(v) for k, v in value.items() if k != "computed_at"}
+        if isinstance(value, list | tuple):
+            return [rounded(v) for v in value]
+        return value
+
+    grid = result["rank_slowdown"]
+    return rounded(
+        {
+            "summary": result["summary"],
+            "steps": result["steps"],
+            "workers": result["workers"],
+            "rank_overall": result["rank_overall"],
+            "trend": result["trend"],
+            "window": [result["window_start"], result["window_end"]],
+            "heatmap": [grid.ranks.tolist(), grid.steps.tolist(), grid.values.round(7).tolist()],
+        }
+    )
+
+
+def _record_builds(monkeypatch: pytest.MonkeyPatch) -> list[WindowOps]:
+    """Every window the passes build, in order."""
+    built: list[WindowOps] = []
+
+    def recording(**kwargs: Any) -> WindowOps:
+        out = window_ops(**kwargs)
+        built.append(out)
+        return out
+
+    monkeypatch.setattr(analysis, "window_ops", recording)
+    return built
+
+
+def test_incremental_passes_match_cold_passes(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pushes of 1 to 9 steps, rank 3 a push behind the others (its newest steps arrive late),
+    a 30-step window sliding through a straggler's onset and end: after every push, the pass on
+    the kept table equals the pass from scratch."""
+    settings: Settings = server_settings(db.url, analysis_window_steps=WINDOW, warmup_steps=3)
+    cache = WindowCache(256 * 1024 * 1024)
+    monkeypatch.setattr(analysis, "_cache", cache)
+    built = _record_builds(monkeypatch)
+    job_id = f.new_job_id("window")
+    origin, step = f.T0, 0
+    held: list[pb.StepRecord] = []  # rank 3's records not sent yet
+    incremental_passes = 0
+    for seq, count in enumerate([5, 1, 9, 2, 7, 3, 8, 4, 6, 9, 9, 1, 5, 8, 2, 7], start=1):
+        records, origin = _steps(step, count, origin)
+        step += count
+        batches = [f.batch(job_id, r, RANKS, seq=seq, steps=records[r]) for r in range(3)]
+        batches.append(f.batch(job_id, 3, RANKS, seq=seq, steps=held))
+        held = records[3]
+        write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin + 1)
+        with db.session() as session:
+            job = session.get(Job, job_id)
+            assert job is not None
+            kept = analysis.analyze_job(session=session, job=job, settings=settings, now=origin + 2)
+            incremental_passes += int(built[-1].incremental)
+            monkeypatch.setattr(analysis, "_cache", None)
+            cold_settings = settings.model_copy(update={"analysis_cache_mb": 0})
+            cold = analysis.analyze_job(session=session, job=job, settings=cold_settings, now=origin + 2)
+            monkeypatch.setattr(analysis, "_cache", cache)
+        assert _comparable(kept) == _comparable(cold), f"after step {step - 1}"
+    assert incremental_passes == 14  # all but the first two (rank 3 joins with the second)
+    assert kept["summary"]["to_step"] == step - 1 - 7  # rank 3's newest push is still in flight
+    # The checkpoint's op type (step 25) slid out of the window.
+    assert "checkpoint" not in kept["summary"]["attribution"]["by_op_type"]
+
+
+def test_a_restart_rebuilds_the_window(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank restarted under a new agent re-runs steps it had reported: the kept table is not
+    used, and the pass matches one from scratch."""
+    settings: Settings = server_settings(db.url, analysis_window_steps=WINDOW, warmup_steps=2)
+    monkeypatch.setattr(analysis, "_cache", WindowCache(256 * 1024 * 1024))
+    built = _record_builds(monkeypatch)
+    job_id = f.new_job_id("window")
+    records, origin = _steps(0, 40, f.T0)
+    write_batches(
+        db,
+        [validate_batch(f.batch(job_id, r, RANKS, steps=records[r]), Limits()) for r in range(RANKS)],
+        now=origin,
+    )
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        analysis.analyze_job(session=session, job=job, settings=settings, now=origin)
+    # Every rank restarts from its checkpoint at step 30, under new agent ids, and runs on.
+    again, origin = _steps(30, 25, origin + 5)
+    batches = [
+        f.batch(job_id, r, RANKS, steps=again[r], agent_id=f"restarted-{job_id}-{r}") for r in range(RANKS)
+    ]
+    write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        kept = analysis.analyze_job(session=session, job=job, settings=settings, now=origin)
+        monkeypatch.setattr(analysis, "_cache", None)
+        cold_settings = settings.model_copy(update={"analysis_cache_mb": 0})
+        cold = analysis.analyze_job(session=session, job=job, settings=cold_settings, now=origin)
+    assert not built[1].incremental
+    assert _comparable(kept) == _comparable(cold)
+    assert kept["summary"]["to_step"] == 54
