@@ -49,7 +49,7 @@ OLD_LAYOUT = """CREATE TABLE old_step_records (
 
 
 def synthetic_job(
-    ranks: int, steps: int, rng: np.random.Generator, origin: float, first: int = 0
+    ranks: int, steps: int, rng: np.random.Generator, origin: float, first: int = 0, job_key: int = 1
 ) -> list[tuple]:
     """Rows (job_key, step, rank, start, duration, agent_key, gc_count, gc_seconds, spans)."""
     rows = []
@@ -74,9 +74,9 @@ def synthetic_job(
             spans.append((4, ready[r], sync_end - ready[r], -1, 0))
             spans.append((5, sync_end + 0.0002, 0.003, -1, 0))
             duration = sync_end + 0.0032
-            rows.append(
-                (1, step, r, t, duration, r + 1, int(gc[r] > 0), float(gc[r]), codec.pack_spans(spans))
-            )
+            agent = (job_key - 1) * ranks + r + 1
+            packed = codec.pack_spans(spans)
+            rows.append((job_key, step, r, t, duration, agent, int(gc[r] > 0), float(gc[r]), packed))
         t += sync_end + 0.0032
     return rows
 
@@ -191,17 +191,23 @@ COPY_STEPS = (
 )
 
 
-def append_steps(url: str, ranks: int, first: int, count: int) -> None:
-    """`count` more steps of the job, as ingest would have stored them since the last pass."""
+def append_steps(url: str, ranks: int, first: int, count: int, job_key: int = 1) -> None:
+    """`count` more steps of a job, as ingest would have stored them since the last pass."""
     conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        row = conn.execute("SELECT max(start_time + duration) FROM step_records").fetchone()
+        row = conn.execute(
+            "SELECT max(start_time + duration) FROM step_records WHERE job_key = %s", (job_key,)
+        ).fetchone()
         assert row is not None
-        rows = synthetic_job(ranks, count, np.random.default_rng(first), float(row[0]), first=first)
+        rng = np.random.default_rng(first + job_key)
+        rows = synthetic_job(ranks, count, rng, float(row[0]), first=first, job_key=job_key)
         with conn.cursor().copy(COPY_STEPS) as copy:
             for r in rows:
                 copy.write_row(r)
-        conn.execute("UPDATE jobs SET last_step = %s, last_step_seen = %s", (first + count - 1, time.time()))
+        conn.execute(
+            "UPDATE jobs SET last_step = %s, last_step_seen = %s WHERE key = %s",
+            (first + count - 1, time.time(), job_key),
+        )
 
 
 def _peak_bytes() -> int:
@@ -255,6 +261,95 @@ def run_pass(url: str, ranks: int, steps: int, new_steps: int, cache_mb: int) ->
     print(json.dumps(figures))
 
 
+def build_many(url: str, jobs: int, ranks: int, steps: int) -> None:
+    """`jobs` running jobs of `ranks` ranks × `steps` steps (job keys 1..jobs)."""
+    db = Database(url)
+    migrate.upgrade(db)
+    db.dispose()
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    now = time.time()
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO span_kinds (code, name) VALUES "
+            + ", ".join(f"({i}, '{k}')" for i, k in enumerate(KINDS))
+        )
+        for j in range(1, jobs + 1):
+            origin = now - 600 - j
+            conn.execute(
+                "INSERT INTO jobs (key, job_id, world_size, dp_size, pp_size, tp_size, first_seen, "
+                "last_seen, last_step, last_step_seen, gpu_hours_wasted) "
+                "VALUES (%s, %s, %s, %s, 1, 1, %s, %s, %s, %s, 0)",
+                (j, f"bench-{j}", ranks, ranks, origin, now, steps - 1, now),
+            )
+            with conn.cursor().copy(
+                "COPY agents (key, agent_id, job_id, rank, local_rank, host, gpu_uuid, dp_rank, pp_rank, "
+                "tp_rank, pid, agent_version, backend, clock_offset, first_seen, last_seen, dropped_records, "
+                "errors, final, first_step, hb_phase) FROM STDIN"
+            ) as copy:
+                for r in range(ranks):
+                    key = (j - 1) * ranks + r + 1
+                    copy.write_row(
+                        (key, f"agent-{key:032d}", f"bench-{j}", r, r % 8, f"host-{j}-{r // 8}", "", r, 0, 0,
+                         1, "", "gloo", 0.0, origin, now, 0, 0, False, 0, "")
+                    )  # fmt: skip
+            with conn.cursor().copy(COPY_STEPS) as copy:
+                for row in synthetic_job(ranks, steps, np.random.default_rng(j), origin, job_key=j):
+                    copy.write_row(row)
+        conn.execute("ANALYZE")
+
+
+def run_many(url: str, jobs: int, ranks: int, steps: int, new_steps: int, workers: int) -> None:
+    """In a fresh process: the server's analysis pass over every job (cold), then again after each
+    job stored `new_steps` more steps; prints each pass's seconds as JSON."""
+    from smon_server.context import ServerContext
+    from smon_server.jobs.loop import analysis_pass
+    from smon_server.settings import Settings
+
+    settings = Settings(database_url=url, analysis_workers=workers, stall_seconds=10_000)
+    context = ServerContext.from_settings(settings)
+    context.storage_maintained_at = time.time()  # partitions and retention are not what is timed
+    figures: dict[str, object] = {}
+    try:
+        for name in ("cold", "next"):
+            if name == "next":
+                for j in range(1, jobs + 1):
+                    append_steps(url, ranks, steps, new_steps, job_key=j)
+            start = time.perf_counter()
+            analysed = analysis_pass(context, time.time())
+            figures[name] = {"seconds": time.perf_counter() - start, "analysed": analysed}
+    finally:
+        context.close()
+    print(json.dumps(figures))
+
+
+def many_jobs(jobs: int, ranks: int, steps: int, new_steps: int, workers: list[int]) -> None:
+    print(
+        f"\n{jobs} jobs × {ranks} ranks × {steps} steps, the server's whole analysis pass "
+        f"(interval: 10 s); then each job stores {new_steps} more steps and the next pass runs"
+    )
+    print(f"{'workers':>8} {'pass':>5} {'jobs':>5} {'s':>7} {'/10 s':>6}")
+    with fresh_database("smon_bench_many") as url:
+        build_many(url, jobs, ranks, steps)
+        for count in workers:
+            command = [sys.executable, __file__, "--many-only", url, str(jobs), str(ranks), str(steps)]
+            command += [str(new_steps), str(count)]
+            out = subprocess.run(command, capture_output=True, text=True, check=True)
+            figures = json.loads(out.stdout.strip().splitlines()[-1])
+            for name, label in (("cold", "cold"), ("next", f"+{new_steps}")):
+                one = figures[name]
+                print(
+                    f"{count if name == 'cold' else '':>8} {label:>5} {one['analysed']:>5} "
+                    f"{one['seconds']:>7.2f} {one['seconds'] / 10:>6.2f}",
+                    flush=True,
+                )
+            # The next worker count starts from the same stored steps.
+            conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute("DELETE FROM step_records WHERE step >= %s", (steps,))
+                conn.execute("DELETE FROM analysis_results")
+                conn.execute("DELETE FROM job_trend")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[64, 512, 4096])
@@ -263,11 +358,21 @@ def main() -> None:
         "--new-steps", type=int, default=10, help="steps stored between the two passes (default 10)"
     )
     parser.add_argument("--cache-mb", type=int, default=1024, help="SMON_ANALYSIS_CACHE_MB for the passes")
+    parser.add_argument("--jobs", type=int, default=50, help="jobs of the many-jobs pass (0: skip it)")
+    parser.add_argument("--job-ranks", type=int, default=64, help="ranks of each of those jobs")
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[0, 1], help="SMON_ANALYSIS_WORKERS for the many-jobs pass"
+    )
     parser.add_argument("--pass-only", nargs=5, metavar="ARG", help=argparse.SUPPRESS)
+    parser.add_argument("--many-only", nargs=6, metavar="ARG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pass_only:
         url, ranks, steps, new_steps, cache_mb = args.pass_only
         run_pass(url, int(ranks), int(steps), int(new_steps), int(cache_mb))
+        return
+    if args.many_only:
+        url, *numbers = args.many_only
+        run_many(url, *(int(x) for x in numbers))
         return
     print(
         f"{'ranks':>6} {'records':>10} {'B/record':>9} {'old B/rec':>9} {'ratio':>6} {'pass':>5} "
@@ -296,6 +401,8 @@ def main() -> None:
             )
         if not figures["peak_reset"]:
             print("(peak RSS could not be reset: the second pass's peak includes the first's)")
+    if args.jobs:
+        many_jobs(args.jobs, args.job_ranks, args.steps, args.new_steps, args.workers)
 
 
 if __name__ == "__main__":
