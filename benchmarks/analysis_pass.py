@@ -357,7 +357,7 @@ def main() -> None:
     parser.add_argument(
         "--new-steps", type=int, default=10, help="steps stored between the two passes (default 10)"
     )
-    parser.add_argument("--cache-mb", type=int, default=1024, help="SMON_ANALYSIS_CACHE_MB for the passes")
+    parser.add_argument("--cache-mb", type=int, default=4096, help="SMON_ANALYSIS_CACHE_MB for the passes")
     parser.add_argument("--jobs", type=int, default=50, help="jobs of the many-jobs pass (0: skip it)")
     parser.add_argument("--job-ranks", type=int, default=64, help="ranks of each of those jobs")
     parser.add_argument(

@@ -8,6 +8,7 @@ column of its own, so the API reads only what it serves.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -155,11 +156,25 @@ _cache: WindowCache | None = None
 def process_cache(settings: Settings) -> WindowCache | None:
     """This process's cache of job windows (each analysis worker process has its own)."""
     global _cache
-    if settings.analysis_cache_mb <= 0:
+    if settings.analysis_cache_mb == 0:
         return None
     if _cache is None:
-        _cache = WindowCache(settings.analysis_cache_mb * 1024 * 1024)
+        _cache = WindowCache(cache_bytes(settings))
     return _cache
+
+
+def cache_bytes(settings: Settings) -> int:
+    """SMON_ANALYSIS_CACHE_MB, or a quarter of physical memory over the analysing processes (a
+    4,096-rank × 500-step window keeps about 0.8 GB)."""
+    from smon_server.jobs.workers import default_processes
+
+    if settings.analysis_cache_mb is not None:
+        return settings.analysis_cache_mb * 1024 * 1024
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = 8 << 30
+    return memory // 4 // max(1, default_processes(settings))
 
 
 def _top_workers(overall: dict[int, float], agents: Sequence[Agent], k: int) -> list[dict[str, Any]]:
