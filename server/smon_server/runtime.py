@@ -16,7 +16,7 @@ from smon_server.alerts.sender import sender_loop
 from smon_server.api.main import create_app
 from smon_server.context import ServerContext
 from smon_server.ingest.commits import GroupCommitter
-from smon_server.ingest.limits import AgentRates
+from smon_server.ingest.limits import ActiveJobs, AgentRates
 from smon_server.ingest.service import IngestService, make_grpc_server
 from smon_server.ingest.validate import Limits
 from smon_server.jobs.loop import analysis_loop
@@ -68,6 +68,7 @@ async def serve(
         ),
         token=settings.ingest_token,
         rates=AgentRates(settings.ingest_agent_records_per_second),
+        jobs=ActiveJobs(settings.ingest_max_jobs),
     )
     grpc_server = make_grpc_server(service, max_message_bytes=settings.max_message_bytes)
     address = f"{settings.grpc_host}:{settings.grpc_port}"

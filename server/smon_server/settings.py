@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     # Records per second one agent may send before its Acks ask it to hold back (and, past twice
     # its 10 s burst, its batches are refused: ingest/limits.py). 0: no limit. A rank sends a few.
     ingest_agent_records_per_second: Annotated[float, Field(ge=0)] = 5_000.0
+    # Distinct jobs that may report at once (heard from within the hour) per ingest token, per
+    # replica; a new job past it is refused (`too_many_jobs`). 0: no limit.
+    ingest_max_jobs: Annotated[int, Field(ge=0)] = 10_000
 
     metrics_top_k: Annotated[int, Field(ge=0)] = 5
     # Finished jobs' series stay this long after the job was last heard from, then go away.

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from smon.v1 import ingest_pb2_grpc as pb_grpc
-from smon_server.ingest.limits import AgentRates
+from smon_server.ingest.limits import ActiveJobs, AgentRates
 from smon_server.runtime import BackgroundServer
 from tests import factories as f
 from tests.conftest import server_settings
@@ -48,3 +48,33 @@ def test_a_flooding_agent_is_throttled_then_refused_and_others_go_through(databa
         assert [r.reason for r in third.rejections] == ["rate_limited"]
         other = stub.Push(f.batch(job, 1, 2, seq=1, steps=steps[:20]))
         assert (other.accepted, other.throttle_seconds) == (20, 0.0)
+
+
+def test_active_jobs_admits_known_jobs_and_refuses_new_ones_past_the_limit() -> None:
+    clock = Clock()
+    jobs = ActiveJobs(2, window_seconds=60, clock=clock)
+    assert jobs.admit("a") and jobs.admit("b")
+    assert not jobs.admit("c")  # two others are reporting
+    clock.now = 50
+    assert jobs.admit("a")  # a known job always goes through (and stays active)
+    clock.now = 100  # b has been quiet for the window: its place is free
+    assert jobs.admit("c")
+    assert not jobs.admit("d")
+
+
+def test_a_new_job_past_the_limit_is_refused_and_counted(database_url: str) -> None:
+    settings = server_settings(database_url, ingest_max_jobs=2)
+    steps = f.dp_job_steps(1, range(3))[0]
+    with BackgroundServer(settings) as server, grpc.insecure_channel(server.grpc_target) as channel:
+        stub = pb_grpc.IngestStub(channel)
+        first, second, third = f.new_job_id(), f.new_job_id(), f.new_job_id()
+        assert stub.Push(f.batch(first, 0, 1, seq=1, steps=steps[:1])).accepted == 1
+        assert stub.Push(f.batch(second, 0, 1, seq=1, steps=steps[:1])).accepted == 1
+        refused = stub.Push(f.batch(third, 0, 1, seq=1, steps=steps[:1]))
+        assert (refused.accepted, refused.rejected) == (0, 1)
+        assert [r.reason for r in refused.rejections] == ["too_many_jobs"]
+        assert "SMON_INGEST_MAX_JOBS" in refused.rejections[0].detail
+        assert stub.Push(f.batch(first, 0, 1, seq=2, steps=steps[1:])).accepted == 2
+        assert server.context is not None
+        registry = server.context.registry
+        assert registry.get_sample_value("smon_ingest_rejected_total", {"reason": "too_many_jobs"}) == 1

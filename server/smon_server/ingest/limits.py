@@ -1,5 +1,9 @@
-"""Per-agent rate limits, so one broken job (an agent in a tight loop, a misconfigured batch size)
-cannot take the ingest capacity every other job shares.
+"""Ingest limits, so one broken job (an agent in a tight loop, a misconfigured batch size, a
+script that makes up a new job id per run or per step) cannot take the ingest capacity and the
+storage every other job shares.
+
+Per agent: a rate limit (AgentRates). Per token (ingest has one): how many distinct jobs may be
+reporting at once (ActiveJobs).
 
 A token bucket per agent_id, refilled at `records_per_second` and holding `burst_seconds` of that.
 A batch the bucket covers goes through untouched. Past it, the agent may borrow up to one more
@@ -51,3 +55,31 @@ class AgentRates:
             return None
         bucket.level -= records
         return max(0.0, -bucket.level / self.rate)
+
+
+class ActiveJobs:
+    """The jobs heard from within `window_seconds`, at most `max_jobs` of them: a batch of a job
+    already reporting always goes through, a new job past the limit is refused until another job
+    has been quiet for the window. Counted per server replica (each sees the agents it serves)."""
+
+    def __init__(
+        self, max_jobs: int, window_seconds: float = 3600.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.max_jobs = max_jobs
+        self.window = window_seconds
+        self.clock = clock
+        self._seen: OrderedDict[str, float] = OrderedDict()  # job -> last heard, oldest first
+
+    def admit(self, job_id: str) -> bool:
+        if self.max_jobs <= 0:
+            return True
+        now = self.clock()
+        if self._seen.pop(job_id, None) is not None:
+            self._seen[job_id] = now
+            return True
+        while self._seen and next(iter(self._seen.values())) < now - self.window:
+            self._seen.popitem(last=False)
+        if len(self._seen) >= self.max_jobs:
+            return False
+        self._seen[job_id] = now
+        return True

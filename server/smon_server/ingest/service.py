@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 
 from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest.commits import GroupCommitter, StorageRefused
-from smon_server.ingest.limits import AgentRates
+from smon_server.ingest.limits import ActiveJobs, AgentRates
 from smon_server.ingest.validate import BatchRejected, Limits, validate_batch
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.store.rows import ValidBatch
@@ -32,6 +32,7 @@ UNAUTHENTICATED = "unauthenticated"
 STORAGE_REFUSED = "storage_refused"  # the database refused the batch's content: never resend it
 SEQ_REUSED = "seq_reused"  # (agent_id, seq) already stored with other records
 RATE_LIMITED = "rate_limited"  # the agent sends far past SMON_INGEST_AGENT_RECORDS_PER_SECOND
+TOO_MANY_JOBS = "too_many_jobs"  # a new job while SMON_INGEST_MAX_JOBS others are reporting
 
 
 class IngestService:
@@ -45,8 +46,10 @@ class IngestService:
         clock: Callable[[], float] = time.time,
         on_final: Callable[[], None] | None = None,
         rates: AgentRates | None = None,
+        jobs: ActiveJobs | None = None,
     ) -> None:
         self.rates = rates
+        self.jobs = jobs
         self.on_final = on_final  # an agent said goodbye: its job may have finished, analyse now
         self.committer = committer
         self.stats = stats
@@ -104,6 +107,9 @@ class IngestService:
             valid = validate_batch(batch, self.limits)
         except BatchRejected as rejected:
             return self._refuse_whole(batch, rejected.reason, rejected.detail)
+        if self.jobs is not None and not self.jobs.admit(valid.job_id):
+            detail = f"{self.jobs.max_jobs} other jobs are reporting (SMON_INGEST_MAX_JOBS)"
+            return self._refuse_whole(batch, TOO_MANY_JOBS, detail)
         hold = self.rates.take(valid.agent_id, valid.accepted) if self.rates is not None else 0.0
         if hold is None:
             return self._refuse_whole(batch, RATE_LIMITED, "records per second far past the agent's limit")
