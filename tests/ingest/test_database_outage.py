@@ -14,7 +14,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
 import smon
@@ -68,13 +70,18 @@ def cluster() -> Iterator[Cluster]:
 
 
 def test_steps_sent_while_the_database_is_down_are_stored_once_it_is_back(cluster: Cluster) -> None:
-    server = start_server(cluster.url, free_port(), grpc := free_port(), {"SMON_ANALYSIS_INTERVAL": "3600"})
+    http = free_port()
+    server = start_server(cluster.url, http, grpc := free_port(), {"SMON_ANALYSIS_INTERVAL": "3600"})
+    during: dict[str, httpx.Response] = {}
     try:
         mon = smon.attach(job="outage", server=f"127.0.0.1:{grpc}", flush_interval=0.05, nvml_interval=0)
         down_at, up_at = 100, 200
         for step in range(STEPS):
             if step == down_at:
                 cluster.stop()  # under load: batches are in flight
+            if step == down_at + 20:  # what an operator and Prometheus see meanwhile
+                during["readyz"] = httpx.get(f"http://127.0.0.1:{http}/readyz", timeout=30)
+                during["metrics"] = httpx.get(f"http://127.0.0.1:{http}/metrics", timeout=30)
             if step == up_at:
                 cluster.start()
             mon.step()
@@ -92,6 +99,19 @@ def test_steps_sent_while_the_database_is_down_are_stored_once_it_is_back(cluste
             ).one()
         engine.dispose()
         assert (count, distinct) == (STEPS, STEPS)
+        assert during["readyz"].status_code == 503
+        # The scrape still works: no job series, the database marked down, ingest counters there.
+        assert during["metrics"].status_code == 200
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(during["metrics"].text)
+            for s in family.samples
+        }
+        assert samples[("smon_database_up", ())] == 0
+        assert samples[("smon_ingest_records_total", (("kind", "step"),))] > 0
+        assert not any(name.startswith("smon_job_") for name, _ in samples)
+        after = httpx.get(f"http://127.0.0.1:{http}/metrics", timeout=30).text
+        assert "smon_database_up 1.0" in after
     finally:
         server.kill()
         server.wait(10)

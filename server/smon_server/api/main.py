@@ -5,24 +5,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import psycopg
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy import exc as sa_exc
 
 from smon_server import __version__
 from smon_server.api import alerts, health, jobs, metrics
 from smon_server.api.deps import require_api_token
 from smon_server.context import ServerContext
+from smon_server.store.db import DATABASE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
-# The database cannot be reached or dropped the connection: the request may succeed later.
-_UNAVAILABLE = (
-    sa_exc.OperationalError,
-    sa_exc.InterfaceError,
-    sa_exc.DisconnectionError,
-    psycopg.OperationalError,
-)
 
 
 def create_app(context: ServerContext) -> FastAPI:
@@ -49,7 +41,7 @@ def create_app(context: ServerContext) -> FastAPI:
         def openapi() -> dict[str, Any]:
             return app.openapi()
 
-    for error in _UNAVAILABLE:
+    for error in DATABASE_UNAVAILABLE:
         app.add_exception_handler(error, database_unavailable)
     return app
 

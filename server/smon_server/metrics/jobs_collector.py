@@ -7,10 +7,15 @@ jobs stay for `metrics_finished_grace` seconds so a dashboard sees how they ende
 
 Cardinality is bounded: one series per job and metric, plus `metrics_top_k` workers per job.
 Per-worker series carry DCGM exporter's join labels (`Hostname`, `UUID`) beside DESIGN's `host`.
+
+When the database cannot be read, the scrape still succeeds: the job series are left out (no
+stale numbers) and `smon_database_up` says 0, while the process's own counters (ingest records
+and rejections) stay visible. A database outage is when those matter most.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 
@@ -19,7 +24,9 @@ from prometheus_client.registry import Collector
 
 from smon_server.settings import Settings
 from smon_server.store import queries
-from smon_server.store.db import Database
+from smon_server.store.db import DATABASE_UNAVAILABLE, Database
+
+log = logging.getLogger(__name__)
 
 
 class JobsCollector(Collector):
@@ -63,15 +70,24 @@ class JobsCollector(Collector):
         dropped = CounterMetricFamily(
             "smon_agent_dropped_records", "Records agents dropped before sending (queue full)", labels=["job"]
         )
-        with self.db.session() as session:
-            rows = queries.exported_jobs(
-                session=session,
-                now=now,
-                stall_seconds=self.settings.stall_seconds,
-                seen_since=now - max(self.settings.metrics_finished_grace, self.settings.stall_seconds),
-            )
-            drops = queries.dropped_records(session=session, job_ids=[r.job.job_id for r in rows])
-            firing = queries.firing_alerts(session=session)
+        up = GaugeMetricFamily("smon_database_up", "1 when the scrape could read SMon's database")
+        try:
+            with self.db.session() as session:
+                rows = queries.exported_jobs(
+                    session=session,
+                    now=now,
+                    stall_seconds=self.settings.stall_seconds,
+                    seen_since=now - max(self.settings.metrics_finished_grace, self.settings.stall_seconds),
+                )
+                drops = queries.dropped_records(session=session, job_ids=[r.job.job_id for r in rows])
+                firing = queries.firing_alerts(session=session)
+        except DATABASE_UNAVAILABLE as exc:
+            log.warning("metrics scrape without job series: database unavailable: %s", exc)
+            up.add_metric([], 0.0)
+            yield up
+            return
+        up.add_metric([], 1.0)
+        yield up
         alerts = GaugeMetricFamily(
             "smon_alerts_firing",
             "SMon's own firing alert incidents, by rule and severity",

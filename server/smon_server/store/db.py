@@ -7,11 +7,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from smon_server.store.kinds import SpanKinds
+
+# The database cannot be reached or dropped the connection: what was asked may succeed later.
+DATABASE_UNAVAILABLE = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.DisconnectionError,
+    psycopg.OperationalError,
+)
 
 
 def make_engine(database_url: str) -> Engine:
