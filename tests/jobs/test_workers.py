@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from smon_server.store.models import AnalysisResult, Job
 from smon_server.store.writes import write_batches
 from tests import factories as f
 from tests.conftest import server_settings
+from tests.server_process import free_port, start_server
 
 RANKS = 4
 NOW = f.T0 + 60  # a minute after the steps: the job is still running
@@ -88,3 +91,42 @@ def test_a_dead_worker_fails_one_pass_and_the_next_pass_recovers(context: Server
     assert row["to_step"] == 79
     assert context.workers.pids - killed  # analysed by a new worker
     assert [s["rank"] for s in row["stragglers"]] == [2]
+
+
+def _children(pid: int) -> set[int]:
+    """Child processes of `pid`, whichever of its threads started them."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:
+            continue
+    return found
+
+
+def test_workers_leave_when_their_server_is_killed(database_url: str) -> None:
+    """SIGKILL (the OOM killer, a node drain) runs no shutdown code: the workers notice their
+    server is gone and exit instead of living on with its memory and connections."""
+    if not Path("/proc/self/task").exists():
+        pytest.skip("needs Linux /proc to find the server's worker processes")
+    db = Database(database_url)
+    migrate.upgrade(db)
+    push(db, f.new_job_id("orphan"), range(40), now=time.time())
+    db.dispose()
+    env = {"SMON_ANALYSIS_WORKERS": "1", "SMON_ANALYSIS_INTERVAL": "0.5"}
+    server = start_server(database_url, free_port(), free_port(), env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (workers := _children(server.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the pool starts with the first pass that has a job to analyse
+        assert workers, "the server started no analysis worker"
+    finally:
+        server.kill()
+        server.wait(10)
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "analysis workers outlived their killed server"

@@ -20,6 +20,7 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -32,11 +33,20 @@ log = logging.getLogger(__name__)
 _state: dict[str, Any] = {}
 
 
-def _start(settings: Settings) -> None:
+def _start(settings: Settings, parent: int) -> None:
     from smon_server.store.db import Database
 
     _state["settings"] = settings
     _state["db"] = Database(settings.database_url)
+    threading.Thread(target=_exit_with, args=(parent,), name="smon-parent-watch", daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    """A worker whose server was killed (SIGKILL, OOM killer: no shutdown code runs) would live
+    on, holding memory and database connections: it leaves once its parent is gone."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def _analyze(job_id: str, now: float) -> tuple[int, dict[str, Any] | None]:
@@ -92,7 +102,7 @@ class AnalysisWorkers:
                     1,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_start,
-                    initargs=(self.settings,),
+                    initargs=(self.settings, os.getpid()),
                 )
             return pool
 
