@@ -11,7 +11,7 @@ on the engine, so both can use it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -111,6 +111,16 @@ class StepColumns:
             mb_index=self.mb_index[mbs],
             mb_sum_sq=self.mb_sum_sq[mbs],
         )
+
+    @classmethod
+    def concat(cls, parts: Sequence[StepColumns]) -> StepColumns:
+        """The records of `parts` one after the other. Their kinds must agree: span kind codes
+        only ever grow, so one part's kinds may extend another's."""
+        kinds = max((p.kinds for p in parts), key=len)
+        if any(p.kinds != kinds[: len(p.kinds)] for p in parts):
+            raise ValueError("columns with different span kind codes")
+        names = [f.name for f in fields(cls) if f.name != "kinds"]
+        return cls(kinds=kinds, **{n: np.concatenate([getattr(p, n) for p in parts]) for n in names})
 
     def phase_seconds(self, name: str) -> np.ndarray:
         """Seconds per record in phase `name` (NaN where the record has none), as the agent reports

@@ -12,6 +12,7 @@ import pytest
 from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.jobs import analysis
+from smon_server.jobs import window_ops as window_ops_module
 from smon_server.jobs.window_ops import WindowCache, WindowOps, window_ops
 from smon_server.settings import Settings
 from smon_server.store.db import Database
@@ -101,10 +102,14 @@ def _record_builds(monkeypatch: pytest.MonkeyPatch) -> list[WindowOps]:
     return built
 
 
-def test_incremental_passes_match_cold_passes(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("chunk", [10_000, 4], ids=["cold-whole", "cold-in-chunks"])
+def test_incremental_passes_match_cold_passes(
+    db: Database, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
     """Pushes of 1 to 9 steps, rank 3 a push behind the others (its newest steps arrive late),
     a 30-step window sliding through a straggler's onset and end: after every push, the pass on
     the kept table equals the pass from scratch."""
+    monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
     settings: Settings = server_settings(db.url, analysis_window_steps=WINDOW, warmup_steps=3)
     cache = WindowCache(256 * 1024 * 1024)
     monkeypatch.setattr(analysis, "_cache", cache)
@@ -169,3 +174,30 @@ def test_a_restart_rebuilds_the_window(db: Database, monkeypatch: pytest.MonkeyP
     assert not built[1].incremental
     assert _comparable(kept) == _comparable(cold)
     assert kept["summary"]["to_step"] == 54
+
+
+def test_a_cold_build_in_chunks_matches_one_read_whole(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window read and built a few steps at a time (as big windows are) gives the table one
+    read gives: chunk edges falling anywhere, a step one rank never sent in the middle (dropped
+    by its agent), and the newest steps not complete yet."""
+    settings: Settings = server_settings(db.url, analysis_window_steps=60, warmup_steps=3)
+    monkeypatch.setattr(analysis, "_cache", None)
+    settings = settings.model_copy(update={"analysis_cache_mb": 0})
+    job_id = f.new_job_id("chunks")
+    records, origin = _steps(0, 90, f.T0)
+    records[1] = [r for r in records[1] if r.step != 47]  # lost
+    records[3] = records[3][:-2]  # in flight
+    batches = [f.batch(job_id, r, RANKS, steps=records[r]) for r in range(RANKS)]
+    write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
+    results = []
+    for chunk in (10_000, 7, 3):
+        monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
+        with db.session() as session:
+            job = session.get(Job, job_id)
+            assert job is not None
+            results.append(
+                _comparable(analysis.analyze_job(session=session, job=job, settings=settings, now=origin))
+            )
+    assert results[0] == results[1] == results[2]
+    summary = results[0]["summary"]
+    assert (summary["from_step"], summary["to_step"], summary["steps_seen"]) == (30, 87, 57)

@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from smon_server.columns import StepColumns
-from smon_server.store.models import Agent, Job
+from smon_server.store.models import Agent, Job, StepRecord
 from smon_server.store.step_window import read_window
 from smon_server.whatif.from_steps import build_labelled_op_table, complete_steps
 from smon_server.whatif.merge import HostLabels, drop_unused_types, merge_tables
@@ -122,17 +124,94 @@ def window_ops(
     return WindowOps(ops, times, incremental=incremental)
 
 
+# A cold build reads and builds the window this many steps at a time: the records of a whole
+# 4,096-rank window decoded at once would take gigabytes, and on PostgreSQL the next chunk is read
+# (by the database, in another process) while this one is built.
+COLD_CHUNK_STEPS = 64
+
+
 def _cold(session: Session, job: Job, lo: int | None, hi: int | None, key: Hashable) -> _Entry | None:
     # One step before the window: steps are cut at their last collective, and the window's
     # first step starts with the tail of the one before it (whatif/from_steps.py).
-    records = read_window(session=session, job=job, from_step=lo - 1 if lo is not None else None, to_step=hi)
-    workers, last_seen = _workers(records)
-    return _build(records, workers, last_seen, key, lo)
+    if lo is None or hi is None or hi - lo < 2 * COLD_CHUNK_STEPS:
+        first = lo - 1 if lo is not None else None
+        records = read_window(session=session, job=job, from_step=first, to_step=hi)
+        workers, last_seen = _workers(records)
+        return _build(records, workers, last_seen, key, lo)
+    workers, last_seen = _window_workers(session, job, lo - 1, hi)
+    if not workers.size:
+        return None
+    bounds = [(a, min(a + COLD_CHUNK_STEPS - 1, hi)) for a in range(lo - 1, hi + 1, COLD_CHUNK_STEPS)]
+    entry: _Entry | None = None
+    carry: StepColumns | None = None  # records from the newest complete step on, for the next chunk
+    for records in _read_chunks(session, job, bounds):
+        if carry is not None:
+            records = StepColumns.concat([carry, records])
+        if entry is None:
+            entry = _build(records, workers, last_seen, key, lo)
+        else:
+            extended = _extend_with(entry, records)
+            if extended is None:  # the records changed under the read (a restart): read it whole
+                whole = read_window(session=session, job=job, from_step=lo - 1, to_step=hi)
+                return _build(whole, *_workers(whole), key, lo)
+            entry = extended
+        carry = records if entry is None else records.take(records.step >= entry.through)
+    return entry
+
+
+def _read_chunks(session: Session, job: Job, bounds: list[tuple[int, int]]) -> Iterator[StepColumns]:
+    """The records of each step range; on PostgreSQL, each read while the one before is used."""
+    engine = session.get_bind()
+    if engine.dialect.name != "postgresql":
+        for a, b in bounds:
+            yield read_window(session=session, job=job, from_step=a, to_step=b)
+        return
+
+    def read(a: int, b: int) -> StepColumns:
+        with Session(engine) as own:
+            return read_window(session=own, job=job, from_step=a, to_step=b)
+
+    with ThreadPoolExecutor(1, thread_name_prefix="smon-window-read") as reader:
+        pending = reader.submit(read, *bounds[0])
+        for following in [*bounds[1:], None]:
+            records = pending.result()
+            if following is not None:
+                pending = reader.submit(read, *following)
+            yield records
+
+
+def _window_workers(session: Session, job: Job, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """What _workers gives for the records of steps [lo, hi], from one aggregate query."""
+    newest = dict(
+        session.execute(
+            select(StepRecord.agent_key, func.max(StepRecord.step))
+            .where(StepRecord.job_key == job.key, StepRecord.step >= lo, StepRecord.step <= hi)
+            .group_by(StepRecord.agent_key)
+        ).all()
+    )
+    coords = {
+        key: (int(dp) << 32) | int(pp)
+        for key, dp, pp in session.execute(
+            select(Agent.key, Agent.dp_rank, Agent.pp_rank).where(Agent.job_id == job.job_id)
+        ).all()
+    }
+    last: dict[int, int] = {}
+    for agent, step in newest.items():
+        worker = coords.get(agent)
+        if worker is not None:
+            last[worker] = max(last.get(worker, int(step)), int(step))
+    workers = np.array(sorted(last), dtype=np.int64)
+    return workers, np.array([last[w] for w in workers], dtype=np.int64)
 
 
 def _extend(session: Session, job: Job, entry: _Entry, hi: int | None) -> _Entry | None:
     """`entry` with the steps after its newest; None when its newest step's records are gone."""
     records = read_window(session=session, job=job, from_step=entry.through, to_step=hi)
+    return _extend_with(entry, records)
+
+
+def _extend_with(entry: _Entry, records: StepColumns) -> _Entry | None:
+    """`entry` with the complete steps of `records` (which start at its newest step) after it."""
     workers, last_seen = _workers(records)
     if not np.isin(workers, entry.workers).all():
         return None  # a worker joined: which steps are complete changes
