@@ -32,7 +32,7 @@ from smon_server.columns import StepColumns
 from smon_server.store.models import Agent, Job, StepRecord
 from smon_server.store.step_window import read_window
 from smon_server.whatif.from_steps import build_labelled_op_table, complete_steps
-from smon_server.whatif.merge import HostLabels, drop_unused_types, merge_tables
+from smon_server.whatif.merge import HostLabels, drop_unused_types, join_tables, merge_tables
 from smon_server.whatif.ops import OpTable
 
 StepTimes = list[tuple[int, float, float]]
@@ -142,21 +142,30 @@ def _cold(session: Session, job: Job, lo: int | None, hi: int | None, key: Hasha
     if not workers.size:
         return None
     bounds = [(a, min(a + COLD_CHUNK_STEPS - 1, hi)) for a in range(lo - 1, hi + 1, COLD_CHUNK_STEPS)]
-    entry: _Entry | None = None
+    pieces: list[_Entry] = []  # each chunk's new complete steps, joined once at the end
     carry: StepColumns | None = None  # records from the newest complete step on, for the next chunk
     for records in _read_chunks(session, job, bounds):
         if carry is not None:
             records = StepColumns.concat([carry, records])
-        if entry is None:
-            entry = _build(records, workers, last_seen, key, lo)
+        if not pieces:
+            piece = _build(records, workers, last_seen, key, lo)
         else:
-            extended = _extend_with(entry, records)
-            if extended is None:  # the records changed under the read (a restart): read it whole
+            through = pieces[-1].through
+            seen, _ = _workers(records)
+            complete = complete_steps(records, workers.size)
+            if not np.isin(seen, workers).all() or int(complete.step.min(initial=through)) != through:
+                # The records changed under the read (a new rank, a restart): read it whole.
                 whole = read_window(session=session, job=job, from_step=lo - 1, to_step=hi)
                 return _build(whole, *_workers(whole), key, lo)
-            entry = extended
-        carry = records if entry is None else records.take(records.step >= entry.through)
-    return entry
+            newer = len(complete) and int(complete.step.max()) > through
+            piece = _build(complete, workers, last_seen, key, through + 1) if newer else None
+        if piece is not None:
+            pieces.append(piece)
+        carry = records if not pieces else records.take(records.step >= pieces[-1].through)
+    if not pieces:
+        return None
+    ops, labels = join_tables([(p.ops, p.labels) for p in pieces])
+    return replace(pieces[-1], ops=ops, labels=labels, times=np.concatenate([p.times for p in pieces]))
 
 
 def _read_chunks(session: Session, job: Job, bounds: list[tuple[int, int]]) -> Iterator[StepColumns]:

@@ -10,6 +10,8 @@ all the engine reads from them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from smon_server.whatif import ops as O
@@ -22,40 +24,51 @@ def merge_tables(
     old: OpTable, old_labels: HostLabels, new: OpTable, new_labels: HostLabels
 ) -> tuple[OpTable, HostLabels]:
     """`old`'s rows then `new`'s, on `old`'s numbering extended by what `new` adds."""
-    op_types = list(old.op_types)
-    type_map = np.empty(len(new.op_types), dtype=np.int16)
-    for code, name in enumerate(new.op_types):
-        if name not in op_types:
-            op_types.append(name)
-        type_map[code] = op_types.index(name)
-    labels = list(old_labels)
-    known = {label: i for i, label in enumerate(labels)}
-    seq_map = np.empty(len(new_labels), dtype=np.int32)
-    for local, label in enumerate(new_labels):
-        if label not in known:
-            known[label] = len(labels)
-            labels.append(label)
-        seq_map[local] = known[label]
-    op_type = type_map[new.op_type] if len(new) else new.op_type
-    seq_id = new.seq_id.copy()
-    host = new.code(O.HOST)
-    if host >= 0 and seq_map.size:
-        is_host = new.op_type == host
-        seq_id[is_host] = seq_map[new.seq_id[is_host]]
+    return join_tables([(old, old_labels), (new, new_labels)])
+
+
+def join_tables(parts: Sequence[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostLabels]:
+    """The parts' rows one after the other, on the first part's numbering extended by what each
+    later part adds; every column is copied once, whatever the number of parts."""
+    op_types: list[str] = []
+    labels: HostLabels = []
+    known: dict[tuple[str, int], int] = {}
+    op_type_parts, seq_id_parts = [], []
+    for table, table_labels in parts:
+        type_map = np.empty(len(table.op_types), dtype=np.int16)
+        for code, name in enumerate(table.op_types):
+            if name not in op_types:
+                op_types.append(name)
+            type_map[code] = op_types.index(name)
+        seq_map = np.empty(len(table_labels), dtype=np.int32)
+        for local, label in enumerate(table_labels):
+            if label not in known:
+                known[label] = len(labels)
+                labels.append(label)
+            seq_map[local] = known[label]
+        op_type_parts.append(type_map[table.op_type] if len(table) else table.op_type)
+        seq_id = table.seq_id
+        host = table.code(O.HOST)
+        if host >= 0 and seq_map.size and not np.array_equal(seq_map, np.arange(seq_map.size)):
+            seq_id = seq_id.copy()
+            is_host = table.op_type == host
+            seq_id[is_host] = seq_map[table.seq_id[is_host]]
+        seq_id_parts.append(seq_id)
+    tables = [table for table, _ in parts]
     columns = {
-        name: np.concatenate([getattr(old, name), getattr(new, name)]).astype(dtype, copy=False)
+        name: np.concatenate([getattr(t, name) for t in tables]).astype(dtype, copy=False)
         for name, dtype in OpTable.COLUMNS.items()
         if name not in ("op_type", "seq_id", "seq_sq")
     }
-    merged = OpTable(
+    joined = OpTable(
         op_types=tuple(op_types),
-        op_type=np.concatenate([old.op_type, op_type]).astype(np.int16, copy=False),
-        seq_id=np.concatenate([old.seq_id, seq_id]).astype(np.int32, copy=False),
-        seq_sq=np.concatenate([_seq_sq(old), _seq_sq(new)]),
-        ends_at_last_op=old.ends_at_last_op and new.ends_at_last_op,
+        op_type=np.concatenate(op_type_parts).astype(np.int16, copy=False),
+        seq_id=np.concatenate(seq_id_parts).astype(np.int32, copy=False),
+        seq_sq=np.concatenate([_seq_sq(t) for t in tables]),
+        ends_at_last_op=all(t.ends_at_last_op for t in tables),
         **columns,
     )
-    return merged, labels
+    return joined, labels
 
 
 def drop_unused_types(table: OpTable) -> OpTable:
