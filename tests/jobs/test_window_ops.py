@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from smon_server.jobs import analysis
 from smon_server.jobs import window_ops as window_ops_module
 from smon_server.jobs.window_ops import WindowCache, WindowOps, window_ops
 from smon_server.settings import Settings
+from smon_server.store import migrate
 from smon_server.store.db import Database
 from smon_server.store.models import Job
 from smon_server.store.writes import write_batches
@@ -27,8 +29,6 @@ WINDOW = 30
 
 @pytest.fixture
 def db(database_url: str) -> Iterator[Database]:
-    from smon_server.store import migrate
-
     database = Database(database_url)
     migrate.upgrade(database)
     yield database
@@ -201,3 +201,26 @@ def test_a_cold_build_in_chunks_matches_one_read_whole(db: Database, monkeypatch
     assert results[0] == results[1] == results[2]
     summary = results[0]["summary"]
     assert (summary["from_step"], summary["to_step"], summary["steps_seen"]) == (30, 87, 57)
+
+
+def test_a_kept_table_serves_only_its_own_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two databases holding a job of the same id, keys and restarts (a process serving both, as
+    tests do): each is analysed from its own records."""
+    monkeypatch.setattr(analysis, "_cache", WindowCache(256 * 1024 * 1024))
+    named = []
+    for slow in (1, 2):
+        database = Database(f"sqlite:///{tmp_path}/twin-{slow}.db")
+        migrate.upgrade(database)
+        records = f.dp_job_steps(RANKS, range(40), slow_rank=slow, slow_forward=0.020)
+        batches = [f.batch("twin", r, RANKS, steps=records[r]) for r in range(RANKS)]
+        write_batches(database, [validate_batch(b, Limits()) for b in batches], now=f.T0 + 10)
+        settings = server_settings(database.url, warmup_steps=2)
+        with database.session() as session:
+            job = session.get(Job, "twin")
+            assert job is not None and job.key == 1
+            summary = analysis.analyze_job(session=session, job=job, settings=settings, now=f.T0 + 10)[
+                "summary"
+            ]
+        named.append([s["rank"] for s in summary["stragglers"]])
+        database.dispose()
+    assert named == [[1], [2]]

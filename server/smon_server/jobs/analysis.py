@@ -80,7 +80,7 @@ def analyze_job(
         job=job,
         lo=lo,
         hi=hi,
-        key=cache_key(job, agents, restarts),
+        key=cache_key(str(session.get_bind().engine.url), job, agents, restarts),
         cache=process_cache(settings) if window is None else None,
     )
     ops = built.ops

@@ -88,8 +88,10 @@ class WindowCache:
         return len(self._entries)
 
 
-def cache_key(job: Job, agents: Sequence[Agent], restarts: Sequence[int]) -> Hashable:
-    return (job.key, job.world_size, tuple(sorted(a.key for a in agents)), tuple(restarts))
+def cache_key(database: str, job: Job, agents: Sequence[Agent], restarts: Sequence[int]) -> Hashable:
+    """What a kept table depends on beyond its steps. The database is part of it: a process may
+    serve more than one (tests do), and job and agent keys are only unique within one."""
+    return (database, job.key, job.world_size, tuple(sorted(a.key for a in agents)), tuple(restarts))
 
 
 def window_ops(
