@@ -75,12 +75,12 @@ def job_page(
     newest_first = (Job.last_seen.desc(), Job.job_id)
     results = AnalysisResult.job_id == Job.job_id
 
-    facts_stmt = _liveness_facts_stmt()
+    on_page = None
     if state is None:
         page = select(Job.job_id).outerjoin(AnalysisResult, results).where(*filters)
         page = page.order_by(*newest_first).limit(limit).offset(offset)
-        facts_stmt = facts_stmt.where(Agent.job_id.in_(page.scalar_subquery()))
-    facts = facts_stmt.subquery()
+        on_page = Agent.job_id.in_(page.scalar_subquery())
+    facts = _liveness_facts_stmt(on_page).subquery()
     heard = func.coalesce(facts.c.heard, Job.last_seen)
     since_step = now - func.coalesce(Job.last_step_seen, Job.first_seen)
     live = case(
@@ -189,16 +189,25 @@ def _is_newest() -> Any:
     )
 
 
-def _liveness_facts_stmt() -> Select[str, Any, float, Any]:
+def _liveness_facts_stmt(jobs: Any = None) -> Select[str, Any, float, Any]:
+    """Per job (of those `jobs`, a filter on Agent.job_id, selects), over the newest agent of each
+    rank: all said goodbye, last heard from, and the quietest still-open agent. The newest
+    incarnation is found with a window over (job, rank), not a NOT EXISTS per agent: a page
+    holding a 4,096-rank job probed the index once per agent (60 ms of a 70 ms /jobs)."""
+    newest = func.max(Agent.first_seen).over(partition_by=(Agent.job_id, Agent.rank))
+    inner = select(Agent.job_id, Agent.final, Agent.last_seen, Agent.first_seen, newest.label("newest"))
+    if jobs is not None:
+        inner = inner.where(jobs)
+    a = inner.subquery()
     return (
         select(
-            Agent.job_id.label("job_id"),
-            func.min(case((Agent.final, 1), else_=0)).label("all_final"),
-            func.max(Agent.last_seen).label("heard"),
-            func.min(case((Agent.final, None), else_=Agent.last_seen)).label("quietest"),
+            a.c.job_id.label("job_id"),
+            func.min(case((a.c.final, 1), else_=0)).label("all_final"),
+            func.max(a.c.last_seen).label("heard"),
+            func.min(case((a.c.final, None), else_=a.c.last_seen)).label("quietest"),
         )
-        .where(_is_newest())
-        .group_by(Agent.job_id)
+        .where(a.c.first_seen == a.c.newest)
+        .group_by(a.c.job_id)
     )
 
 
@@ -206,9 +215,7 @@ def liveness_facts(
     *, session: Session, job_ids: Sequence[str] | None = None
 ) -> dict[str, tuple[bool, float]]:
     """Per job, over the newest agent of each rank: (all said goodbye, last heard from)."""
-    stmt = _liveness_facts_stmt()
-    if job_ids is not None:
-        stmt = stmt.where(Agent.job_id.in_(job_ids))
+    stmt = _liveness_facts_stmt(Agent.job_id.in_(job_ids) if job_ids is not None else None)
     return {job: (bool(all_final), float(heard)) for job, all_final, heard, _ in session.execute(stmt)}
 
 
