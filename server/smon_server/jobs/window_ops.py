@@ -166,8 +166,13 @@ def _cold(session: Session, job: Job, lo: int | None, hi: int | None, key: Hasha
         carry = records if not pieces else records.take(records.step >= pieces[-1].through)
     if not pieces:
         return None
-    ops, labels = join_tables([(p.ops, p.labels) for p in pieces])
-    return replace(pieces[-1], ops=ops, labels=labels, times=np.concatenate([p.times for p in pieces]))
+    times = np.concatenate([p.times for p in pieces])
+    parts = [(p.ops, p.labels) for p in pieces]
+    last = replace(pieces[-1], ops=pieces[0].ops.take(np.zeros(0, dtype=np.int64)))
+    piece = None
+    pieces.clear()  # the parts list is the only reference left: join_tables lets go as it joins
+    ops, labels = join_tables(parts)
+    return replace(last, ops=ops, labels=labels, times=times)
 
 
 def _read_chunks(session: Session, job: Job, bounds: list[tuple[int, int]]) -> Iterator[StepColumns]:
