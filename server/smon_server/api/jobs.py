@@ -6,7 +6,7 @@ import time
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Response
 
 from smon_server.api.deps import MAX_RANK, MAX_STEP, ApiTokenDep, ContextDep, DbDep, SettingsDep, WindowDep
 from smon_server.api.schemas import (
@@ -183,12 +183,17 @@ def heatmap(
     context: ContextDep,
     _auth: ApiTokenDep,
     window: WindowDep,
-    metric: Annotated[str, Query(description="slowdown, step_time, or a phase name")] = "slowdown",
+    metric: Annotated[
+        str, Query(min_length=1, max_length=128, description="slowdown, step_time, other, gc, or a phase")
+    ] = "slowdown",
     from_rank: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="zoom: first rank")] = None,
     to_rank: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="zoom: last rank")] = None,
     max_ranks: Annotated[int, Query(ge=1, le=8192, description="rows at most (max over each bin)")] = 512,
     max_steps: Annotated[int, Query(ge=1, le=8192, description="columns at most")] = 512,
-) -> HeatmapOut:
+) -> Response:
+    """Every metric is read in the shape it is stored: the slowdown grid from the stored analysis,
+    a phase's from the per-step columns the analysis pass stores (store/phase_grids.py), only
+    the zoomed ranks' bytes. The body is written with array operations (views/heatmap.py)."""
     job = _job_or_404(db, job_id)
     if metric == "slowdown":
         grid = _analysis(db, context, job, window, "heatmap")["heatmap"]
@@ -199,13 +204,16 @@ def heatmap(
             metric=metric,
             window=window,
             default_last=settings.analysis_window_steps,
+            from_rank=from_rank,
+            to_rank=to_rank,
         )
     grid = heatmaps.select(
         grid, from_rank=from_rank, to_rank=to_rank, from_step=window.from_step, to_step=window.to_step
     )
-    return HeatmapOut(
-        job_id=job_id, metric=metric, **heatmaps.downsample(grid, max_ranks=max_ranks, max_steps=max_steps)
+    body = heatmaps.response_json(
+        grid, job_id=job_id, metric=metric, max_ranks=max_ranks, max_steps=max_steps
     )
+    return Response(content=body, media_type="application/json")
 
 
 @router.get("/jobs/{job_id:path}/workers", response_model=WorkersOut)

@@ -21,7 +21,7 @@ from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness, job_state
 from smon_server.jobs.window_ops import WindowCache, cache_key, window_ops
 from smon_server.settings import Settings
-from smon_server.store import grids, queries
+from smon_server.store import grids, phase_grids, queries
 from smon_server.store.grids import Grid
 from smon_server.store.models import Agent, AnalysisResult, Job
 from smon_server.store.queries import StepWindow
@@ -74,7 +74,9 @@ def analyze_job(
     restarts = queries.restart_steps(session=session, job_id=job.job_id)
     warm = warmup_ranges(restarts, settings.warmup_steps)
     # The default window slides with the job: its op table is kept between passes and only the
-    # new steps are read and built. A window asked for by the API is built on its own.
+    # new steps are read and built. A window asked for by the API is built on its own. The
+    # default window's records also become the stored phase heatmaps (store/phase_grids.py).
+    phases = phase_grids.Collector() if window is None else None
     built = window_ops(
         session=session,
         job=job,
@@ -82,6 +84,7 @@ def analyze_job(
         hi=hi,
         key=cache_key(str(session.get_bind().engine.url), job, agents, restarts),
         cache=process_cache(settings) if window is None else None,
+        on_read=phases.add if phases is not None else None,
     )
     ops = built.ops
     if ops is not None:
@@ -147,6 +150,7 @@ def analyze_job(
         "trend": trend.buckets(analysis.steps, times),
         "step_seconds": float(analysis.result.step_time.mean()) if analysis.result is not None else None,
         "top_workers": _top_workers(analysis.rank_overall, agents, settings.metrics_top_k),
+        "phase_columns": phases.update(lo) if phases is not None else None,
     }
 
 
@@ -269,11 +273,60 @@ def phase_heatmap(
     metric: str,
     window: StepWindow,
     default_last: int,
+    from_rank: int | None = None,
+    to_rank: int | None = None,
 ) -> Grid:
-    """Rank × step grid of one phase's seconds (or `step_time`) straight from the records."""
-    lo, hi = queries.resolve_window(
-        session=session, job_id=job.job_id, window=window, default_last=default_last
-    )
+    """Rank × step grid of one phase's seconds (or `step_time`, `gc`, `other`), of the ranks in
+    [from_rank, to_rank] with a record in the window.
+
+    Steps the last analysis pass stored (store/phase_grids.py) are read from there; the default
+    window is what it stored, as for the slowdown heatmap. Steps of an asked-for range outside
+    it (older history, steps since the pass) come from the raw records, as they did before."""
+    code = phase_grids.metric_code(session, metric)
+    stored = phase_grids.stored_range(session, job.key)
+    lo: int | None
+    hi: int | None
+    if window.is_default and stored is not None:
+        lo, hi = stored
+    else:
+        lo, hi = queries.resolve_window(
+            session=session, job_id=job.job_id, window=window, default_last=default_last
+        )
+        if lo is None and hi is None and window.is_default:
+            return Grid.empty()
+    if stored is None:
+        return _raw_phase_grid(session, job, metric, lo, hi, from_rank, to_rank)
+    low, high = -(2**63) if lo is None else lo, 2**63 - 1 if hi is None else hi
+    parts = []
+    if low < stored[0]:
+        parts.append(_raw_phase_grid(session, job, metric, lo, min(high, stored[0] - 1), from_rank, to_rank))
+    if low <= stored[1] and high >= stored[0]:
+        parts.append(
+            phase_grids.read(
+                session,
+                job.key,
+                code,
+                from_step=max(low, stored[0]),
+                to_step=min(high, stored[1]),
+                from_rank=from_rank,
+                to_rank=to_rank,
+            )
+        )
+    if high > stored[1]:
+        parts.append(_raw_phase_grid(session, job, metric, max(low, stored[1] + 1), hi, from_rank, to_rank))
+    return grids.concat_steps(parts)
+
+
+def _raw_phase_grid(
+    session: Session,
+    job: Job,
+    metric: str,
+    lo: int | None,
+    hi: int | None,
+    from_rank: int | None,
+    to_rank: int | None,
+) -> Grid:
+    """The grid from the raw records of steps [lo, hi] (every rank read and decoded)."""
     records = read_window(session=session, job=job, from_step=lo, to_step=hi)
     ranks, rank_index = np.unique(records.rank, return_inverse=True)
     steps, step_index = np.unique(records.step, return_inverse=True)
@@ -281,7 +334,12 @@ def phase_heatmap(
     values[rank_index, step_index] = (
         records.duration if metric == "step_time" else records.phase_seconds(metric)
     )
-    return Grid(ranks.astype(np.int64), steps.astype(np.int64), values)
+    rows = np.ones(ranks.size, dtype=bool)
+    if from_rank is not None:
+        rows &= ranks >= from_rank
+    if to_rank is not None:
+        rows &= ranks <= to_rank
+    return Grid(ranks[rows].astype(np.int64), steps.astype(np.int64), values[rows])
 
 
 def _hang_state(liveness: Liveness, stall_seconds: float) -> HangState | None:

@@ -21,7 +21,7 @@ from smon_server.alerts import outbox
 from smon_server.context import ServerContext
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import trend, waste
-from smon_server.store import partitions
+from smon_server.store import partitions, phase_grids
 from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AnalysisResult, Job
 
@@ -123,6 +123,9 @@ def maintain_storage(context: ServerContext, now: float) -> None:
                     settings.retention_days,
                     removed,
                 )
+            # Phase heatmaps of jobs whose raw steps are gone too (their slowdown heatmap, summary
+            # and trend stay, like the rest of the stored analysis).
+            phase_grids.drop_finished(session, seen_before=now - settings.retention_days * 86400.0)
 
 
 _local_leases: dict[str, threading.Lock] = {}
@@ -172,5 +175,7 @@ def analyse_one(context: ServerContext, job_id: str, now: float, *, state_change
         row = previous or AnalysisResult(job_id=job_id)
         job_analysis.store_result(row, result)
         session.add(row)
+        if result.get("phase_columns") is not None:
+            phase_grids.write(session, job.key, result["phase_columns"])
         trend.store(session, row, result.get("trend") or [], now)
     return True

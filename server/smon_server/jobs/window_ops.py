@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -36,6 +36,8 @@ from smon_server.whatif.merge import HostLabels, drop_unused_types, join_tables,
 from smon_server.whatif.ops import OpTable
 
 StepTimes = list[tuple[int, float, float]]
+# Told of every read of records and its lower step bound (store/phase_grids.Collector.add).
+OnRead = Callable[[StepColumns, int | None], None]
 
 
 @dataclass
@@ -102,19 +104,22 @@ def window_ops(
     hi: int | None,
     key: Hashable,
     cache: WindowCache | None,
+    on_read: OnRead | None = None,
 ) -> WindowOps:
-    """The op table of the complete steps in [lo, hi] (from the cache where it can be)."""
+    """The op table of the complete steps in [lo, hi] (from the cache where it can be).
+    `on_read` sees every batch of records read, so the pass can derive more from them without
+    reading them again (the phase heatmaps)."""
     entry = cache.get(job.job_id, key) if cache is not None else None
     behind = entry is not None and (lo is None or entry.through < lo - 1)
     if behind or (entry is not None and hi is not None and hi < entry.through):
         entry = None  # the window jumped past what is kept, or looks back before it
     if entry is not None:
-        entry = _extend(session, job, entry, hi)
+        entry = _extend(session, job, entry, hi, on_read)
     if entry is not None and lo is not None and int(entry.last_seen.min()) < lo - 1:
         entry = None  # a worker left: the window's steps are complete without it
     incremental = entry is not None
     if entry is None:
-        entry = _cold(session, job, lo, hi, key)
+        entry = _cold(session, job, lo, hi, key, on_read)
     if entry is None:
         return WindowOps(None, [], incremental=False)
     if lo is not None:
@@ -132,12 +137,16 @@ def window_ops(
 COLD_CHUNK_STEPS = 64
 
 
-def _cold(session: Session, job: Job, lo: int | None, hi: int | None, key: Hashable) -> _Entry | None:
+def _cold(
+    session: Session, job: Job, lo: int | None, hi: int | None, key: Hashable, on_read: OnRead | None
+) -> _Entry | None:
     # One step before the window: steps are cut at their last collective, and the window's
     # first step starts with the tail of the one before it (whatif/from_steps.py).
     if lo is None or hi is None or hi - lo < 2 * COLD_CHUNK_STEPS:
         first = lo - 1 if lo is not None else None
         records = read_window(session=session, job=job, from_step=first, to_step=hi)
+        if on_read is not None:
+            on_read(records, first)
         workers, last_seen = _workers(records)
         return _build(records, workers, last_seen, key, lo)
     workers, last_seen = _window_workers(session, job, lo - 1, hi)
@@ -146,7 +155,9 @@ def _cold(session: Session, job: Job, lo: int | None, hi: int | None, key: Hasha
     bounds = [(a, min(a + COLD_CHUNK_STEPS - 1, hi)) for a in range(lo - 1, hi + 1, COLD_CHUNK_STEPS)]
     pieces: list[_Entry] = []  # each chunk's new complete steps, joined once at the end
     carry: StepColumns | None = None  # records from the newest complete step on, for the next chunk
-    for records in _read_chunks(session, job, bounds):
+    for (a, _), records in zip(bounds, _read_chunks(session, job, bounds), strict=True):
+        if on_read is not None:
+            on_read(records, a)
         if carry is not None:
             records = StepColumns.concat([carry, records])
         if not pieces:
@@ -158,6 +169,8 @@ def _cold(session: Session, job: Job, lo: int | None, hi: int | None, key: Hasha
             if not np.isin(seen, workers).all() or int(complete.step.min(initial=through)) != through:
                 # The records changed under the read (a new rank, a restart): read it whole.
                 whole = read_window(session=session, job=job, from_step=lo - 1, to_step=hi)
+                if on_read is not None:
+                    on_read(whole, lo - 1)
                 return _build(whole, *_workers(whole), key, lo)
             newer = len(complete) and int(complete.step.max()) > through
             piece = _build(complete, workers, last_seen, key, through + 1) if newer else None
@@ -220,9 +233,13 @@ def _window_workers(session: Session, job: Job, lo: int, hi: int) -> tuple[np.nd
     return workers, np.array([last[w] for w in workers], dtype=np.int64)
 
 
-def _extend(session: Session, job: Job, entry: _Entry, hi: int | None) -> _Entry | None:
+def _extend(
+    session: Session, job: Job, entry: _Entry, hi: int | None, on_read: OnRead | None
+) -> _Entry | None:
     """`entry` with the steps after its newest; None when its newest step's records are gone."""
     records = read_window(session=session, job=job, from_step=entry.through, to_step=hi)
+    if on_read is not None:
+        on_read(records, entry.through)
     return _extend_with(entry, records)
 
 

@@ -25,6 +25,23 @@ class Grid:
         return cls(np.empty(0, np.int64), np.empty(0, np.int64), np.empty((0, 0), np.float32))
 
 
+def concat_steps(parts: list[Grid]) -> Grid:
+    """Grids of consecutive step ranges side by side, over the union of their ranks."""
+    parts = [g for g in parts if g.steps.size or g.ranks.size]
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return Grid.empty()
+    ranks = np.unique(np.concatenate([g.ranks for g in parts])).astype(np.int64)
+    steps = np.concatenate([g.steps for g in parts]).astype(np.int64)
+    values = np.full((ranks.size, steps.size), np.nan, dtype=np.float32)
+    at = 0
+    for g in parts:
+        values[np.searchsorted(ranks, g.ranks), at : at + g.steps.size] = g.values
+        at += g.steps.size
+    return Grid(ranks, steps, values)
+
+
 def pack(grid: Grid) -> bytes:
     n, m = grid.values.shape
     header = np.array([n, m], dtype="<i8").tobytes()

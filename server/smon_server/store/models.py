@@ -140,6 +140,25 @@ class StepRecord(Base):
     seq_microbatches: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
 
 
+class PhaseColumn(Base):
+    """One step of one metric's rank × step heatmap (store/phase_grids.py): every rank's seconds
+    as float32, so a phase heatmap reads a few hundred rows instead of decoding every record of
+    the window. Written by the analysis pass from the records it reads anyway; covers its window.
+
+    `metric` is a span kind code, or STEP_TIME / GC / OTHER (negative). `seconds` holds ranks
+    0..n-1 (NaN where a rank has no value); `present` (the step_time row only) has a bit per rank
+    that has a record of the step. On PostgreSQL `seconds` is stored uncompressed out of line, so
+    a rank zoom reads only its bytes (`substring`)."""
+
+    __tablename__ = "phase_columns"
+
+    job_key: Mapped[int] = mapped_column(Integer, primary_key=True)
+    metric: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    step: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    present: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    seconds: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 class GpuSample(Base):
     __tablename__ = "gpu_samples"
 

@@ -8,6 +8,7 @@ row and column covers; asking for a narrower `from_rank..to_rank` / step range g
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from typing import Any
@@ -39,8 +40,8 @@ def _edges(n: int, limit: int) -> np.ndarray:
     return np.arange(0, n, size) if n else np.empty(0, dtype=np.int64)
 
 
-def downsample(grid: Grid, *, max_ranks: int, max_steps: int) -> dict[str, Any]:
-    """The grid binned to fit, as the heatmap response's fields (null where a bin has no value)."""
+def _binned(grid: Grid, max_ranks: int, max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """(cell values, first row of each rank bin, first column of each step bin, binned at all)."""
     n, m = grid.values.shape
     r_edges, s_edges = _edges(n, max_ranks), _edges(m, max_steps)
     values = grid.values.astype(np.float32, copy=False)
@@ -50,7 +51,12 @@ def downsample(grid: Grid, *, max_ranks: int, max_steps: int) -> dict[str, Any]:
             values = np.fmax.reduceat(values, r_edges, axis=0)
         if s_edges.size < m:
             values = np.fmax.reduceat(values, s_edges, axis=1)
-    downsampled = r_edges.size < n or s_edges.size < m
+    return values, r_edges, s_edges, bool(r_edges.size < n or s_edges.size < m)
+
+
+def downsample(grid: Grid, *, max_ranks: int, max_steps: int) -> dict[str, Any]:
+    """The grid binned to fit, as the heatmap response's fields (null where a bin has no value)."""
+    values, r_edges, s_edges, downsampled = _binned(grid, max_ranks, max_steps)
     cells: list[list[float | None]] = [
         [None if math.isnan(v) else round(v, 6) for v in row] for row in values.tolist()
     ]
@@ -62,6 +68,29 @@ def downsample(grid: Grid, *, max_ranks: int, max_steps: int) -> dict[str, Any]:
         "rank_ranges": _ranges(grid.ranks, r_edges) if downsampled else None,
         "step_ranges": _ranges(grid.steps, s_edges) if downsampled else None,
     }
+
+
+def response_json(grid: Grid, *, job_id: str, metric: str, max_ranks: int, max_steps: int) -> bytes:
+    """The heatmap response (api.schemas.HeatmapOut) as JSON bytes, built with array operations:
+    building and validating 256,000 cells one Python object at a time took most of a 4,096-rank
+    heatmap's answer. The cells are `downsample`'s to the digit: for a float32 v, v × 10⁶ is exact
+    in float64, so rint(v × 10⁶) / 10⁶ is the correctly rounded value Python's round(v, 6) gives."""
+    values, r_edges, s_edges, downsampled = _binned(grid, max_ranks, max_steps)
+    rounded = np.rint(values.astype(np.float64) * 1e6) / 1e6
+    rounded[~np.isfinite(rounded)] = np.nan  # null, as pydantic writes infinities
+    # NaN cells print as NaN, the only non-number token json.dumps writes here: null instead.
+    cells = json.dumps(rounded.tolist(), allow_nan=True).replace("NaN", "null")
+    head = {
+        "job_id": job_id,
+        "metric": metric,
+        "ranks": grid.ranks[r_edges].tolist(),
+        "steps": grid.steps[s_edges].tolist(),
+        "downsampled": downsampled,
+        "rank_ranges": _ranges(grid.ranks, r_edges) if downsampled else None,
+        "step_ranges": _ranges(grid.steps, s_edges) if downsampled else None,
+    }
+    text = json.dumps(head)
+    return (text[:-1] + ', "values": ' + cells + "}").encode()
 
 
 def _ranges(ids: np.ndarray, edges: np.ndarray) -> list[list[int]]:

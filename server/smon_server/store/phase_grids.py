@@ -1,0 +1,250 @@
+"""Phase heatmaps stored as the API serves them: one row per (job, metric, step), every rank's
+seconds as float32 (table `phase_columns`, migration 0008).
+
+A phase heatmap of a 4,096-rank × 500-step window read from the raw step records decodes two
+million records and their spans on every request (about 10 s). The analysis pass reads those
+records anyway (jobs/window_ops.py: the whole window cold, then only the steps from its newest
+complete one on), so it turns each read into these columns, and a request reads 500 rows of
+16 kB (tens of milliseconds), or with a rank zoom only the zoomed ranks' bytes of each.
+
+The values are those `StepColumns.phase_seconds` gives the raw path, to the bit: float32, the
+resolution the grid and the spans already have (float16 would change the digits shown).
+Rows cover the analysis window of the last pass; older steps are deleted as the window slides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sqlalchemy import delete, func, insert, literal, select
+from sqlalchemy.orm import Session, aliased
+
+from smon_server.columns import StepColumns
+from smon_server.store.grids import Grid
+from smon_server.store.models import Job, PhaseColumn, SpanKind
+
+# Metrics that are not span kinds (codes of span kinds are >= 0).
+STEP_TIME, GC, OTHER = -1, -2, -3
+SPECIAL = {"step_time": STEP_TIME, "gc": GC, "other": OTHER}
+# A phase no agent reported has no rows: its grid is the window's, every cell null (as the raw
+# path gives it; a dashboard may offer the standard phases before any agent reported them).
+UNREPORTED = -32768
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The heatmap columns of one read of records: per step, each metric's value of every rank."""
+
+    from_step: int | None  # the read's lower bound: every record from it on was read
+    steps: np.ndarray  # [s] int64, ascending
+    present: np.ndarray  # [s, n] bool: rank has a record of the step
+    metrics: dict[int, np.ndarray]  # code -> [s, n] float32, NaN where no value
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.present.nbytes + sum(v.nbytes for v in self.metrics.values()))
+
+
+def from_records(records: StepColumns, from_step: int | None) -> Columns:
+    """Columns of `records` (at most one record per rank and step, as read_window gives them)."""
+    if not len(records):
+        return Columns(from_step, np.zeros(0, np.int64), np.zeros((0, 0), bool), {})
+    steps, col = np.unique(records.step, return_inverse=True)
+    col = col.ravel()
+    n = int(records.rank.max()) + 1 if len(records) else 0
+    row = records.rank
+
+    def grid(values: np.ndarray) -> np.ndarray:
+        out = np.full((steps.size, n), np.nan, dtype=np.float32)
+        out[col, row] = values
+        return out
+
+    present = np.zeros((steps.size, n), dtype=bool)
+    present[col, row] = True
+    metrics = {
+        STEP_TIME: grid(records.duration),
+        GC: grid(records.phase_seconds("gc")),
+        OTHER: grid(records.phase_seconds("other")),
+    }
+    # Every span kind's seconds per record in one bincount over (record, kind): the same sums,
+    # in the same order, as phase_seconds gives one kind at a time.
+    codes, kind_index = np.unique(records.span_kind, return_inverse=True)
+    if not codes.size:
+        return Columns(from_step, steps.astype(np.int64), present, metrics)
+    span_record = records.span_record
+    bins = span_record * codes.size + kind_index.ravel()
+    size = len(records) * codes.size
+    total = np.bincount(bins, weights=records.span_duration, minlength=size).reshape(-1, codes.size)
+    seen = np.bincount(bins, minlength=size).reshape(-1, codes.size) > 0
+    for i, code in enumerate(codes):
+        if records.kinds[int(code)] in SPECIAL:
+            continue  # e.g. spans of kind `gc`: the metric `gc` is every GC pause (phase_seconds)
+        metrics[int(code)] = grid(np.where(seen[:, i], total[:, i], np.nan))
+    return Columns(from_step, steps.astype(np.int64), present, metrics)
+
+
+@dataclass
+class Collector:
+    """The columns of every read one pass makes. A read from a lower step supersedes the reads
+    from its bound on (a cold build that falls back to reading the window whole)."""
+
+    parts: list[Columns] = field(default_factory=list)
+
+    def add(self, records: StepColumns, from_step: int | None) -> None:
+        low = -(2**63) if from_step is None else from_step
+        self.parts = [p for p in self.parts if p.from_step is not None and p.from_step < low]
+        self.parts.append(from_records(records, from_step))
+
+    def update(self, keep_from: int | None) -> Update | None:
+        if not self.parts:
+            return None
+        bounds = [p.from_step for p in self.parts]
+        return Update(
+            parts=self.parts,
+            keep_from=keep_from,
+            rewrite_from=None if any(b is None for b in bounds) else min(b for b in bounds if b is not None),
+        )
+
+
+@dataclass(frozen=True)
+class Update:
+    """What a pass stores: rows of steps >= keep_from (the window's first step); rows from
+    rewrite_from on are replaced (None: all of the job's), older ones in the window are kept."""
+
+    parts: Sequence[Columns]
+    keep_from: int | None
+    rewrite_from: int | None
+
+
+def write(session: Session, job_key: int, update: Update) -> int:
+    """Store one pass's columns (the caller holds the job's lease); returns rows written."""
+    where = PhaseColumn.job_key == job_key
+    rewrite_from = update.rewrite_from
+    if rewrite_from is not None:
+        # The kept rows must reach the step this pass continues from (the pass that read it
+        # stored it); else a pass's rows were lost (its transaction failed) and the kept ones
+        # would leave a gap: keep none, serve the shorter stretch.
+        newest = session.scalar(
+            select(func.max(PhaseColumn.step)).where(where, PhaseColumn.metric == STEP_TIME)
+        )
+        if newest is None or newest < rewrite_from:
+            rewrite_from = None
+    gone = PhaseColumn.step >= rewrite_from if rewrite_from is not None else literal(True)
+    if update.keep_from is not None:
+        gone = gone | (PhaseColumn.step < update.keep_from)
+    session.execute(delete(PhaseColumn).where(where, gone))
+    rows = list(_rows(job_key, update))
+    if not rows:
+        return 0
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        driver = session.connection().connection.driver_connection
+        with driver.cursor().copy(  # type: ignore[union-attr]
+            "COPY phase_columns (job_key, metric, step, present, seconds) FROM STDIN"
+        ) as copy:
+            for r in rows:
+                copy.write_row(r)
+    else:
+        session.execute(
+            insert(PhaseColumn),
+            [dict(zip(("job_key", "metric", "step", "present", "seconds"), r, strict=True)) for r in rows],
+        )
+    return len(rows)
+
+
+Row = tuple[int, int, int, bytes | None, bytes]
+
+
+def _rows(job_key: int, update: Update) -> list[Row]:
+    out: list[Row] = []
+    for part in update.parts:
+        keep = np.ones(part.steps.size, bool) if update.keep_from is None else part.steps >= update.keep_from
+        for i in np.flatnonzero(keep):
+            step = int(part.steps[i])
+            presence = np.packbits(part.present[i]).tobytes()
+            out.append((job_key, STEP_TIME, step, presence, _bytes(part.metrics[STEP_TIME][i])))
+            for code, grid in part.metrics.items():
+                if code != STEP_TIME and not np.isnan(grid[i]).all():
+                    out.append((job_key, code, step, None, _bytes(grid[i])))
+    return out
+
+
+def _bytes(values: np.ndarray) -> bytes:
+    return np.asarray(values, dtype="<f4").tobytes()
+
+
+def drop_finished(session: Session, *, seen_before: float) -> int:
+    """Rows of jobs last heard from before `seen_before` (retention: their raw steps are gone)."""
+    old = select(Job.key).where(Job.last_seen < seen_before).scalar_subquery()
+    return int(session.execute(delete(PhaseColumn).where(PhaseColumn.job_key.in_(old))).rowcount or 0)  # type: ignore[attr-defined]
+
+
+def metric_code(session: Session, name: str) -> int:
+    """The code `name` is stored under: step_time, gc, other, or a span kind (UNREPORTED if no
+    agent ever reported a phase of that name)."""
+    if name in SPECIAL:
+        return SPECIAL[name]
+    code = session.scalar(select(SpanKind.code).where(SpanKind.name == name))
+    return UNREPORTED if code is None else int(code)
+
+
+def stored_range(session: Session, job_key: int) -> tuple[int, int] | None:
+    """First and last step the job's stored columns cover (None when nothing is stored)."""
+    lo, hi = session.execute(
+        select(func.min(PhaseColumn.step), func.max(PhaseColumn.step)).where(
+            PhaseColumn.job_key == job_key, PhaseColumn.metric == STEP_TIME
+        )
+    ).one()
+    return None if lo is None else (int(lo), int(hi))
+
+
+def read(
+    session: Session,
+    job_key: int,
+    code: int,
+    *,
+    from_step: int,
+    to_step: int,
+    from_rank: int | None = None,
+    to_rank: int | None = None,
+) -> Grid:
+    """The stored grid of metric `code` over steps [from_step, to_step], of the ranks in
+    [from_rank, to_rank] that have a record in it: only those ranks' bytes are read."""
+    first = max(from_rank or 0, 0)
+    p, v = aliased(PhaseColumn), aliased(PhaseColumn)
+    present: Any = p.present
+    seconds: Any = v.seconds if code != STEP_TIME else p.seconds
+    if first or to_rank is not None:
+        skip = first // 8  # presence bytes before the first rank's
+        if to_rank is None:
+            present = func.substr(p.present, skip + 1)
+            seconds = func.substr(seconds, 4 * first + 1)
+        else:
+            count = max(to_rank - first + 1, 0)
+            present = func.substr(p.present, skip + 1, (first + count + 7) // 8 - skip)
+            seconds = func.substr(seconds, 4 * first + 1, 4 * count)
+    stmt = select(p.step, present, seconds).where(
+        p.job_key == job_key, p.metric == STEP_TIME, p.step >= from_step, p.step <= to_step
+    )
+    if code != STEP_TIME:
+        stmt = stmt.outerjoin(v, (v.job_key == p.job_key) & (v.metric == code) & (v.step == p.step))
+    rows = session.execute(stmt.order_by(p.step)).all()
+    steps = np.array([int(r[0]) for r in rows], dtype=np.int64)
+    bits = [np.unpackbits(np.frombuffer(bytes(r[1] or b""), dtype=np.uint8))[first % 8 :] for r in rows]
+    width = max((b.size for b in bits), default=0)
+    if to_rank is not None:
+        width = min(width, max(to_rank - first + 1, 0))
+    has = np.zeros((len(rows), width), dtype=bool)
+    values = np.full((len(rows), width), np.nan, dtype=np.float32)
+    for i, (b, r) in enumerate(zip(bits, rows, strict=True)):
+        has[i, : min(b.size, width)] = b[:width]
+        if r[2]:
+            got = np.frombuffer(bytes(r[2]), dtype="<f4")[:width]
+            values[i, : got.size] = got
+    ranks = np.flatnonzero(has.any(axis=0))
+    return Grid(
+        (ranks + first).astype(np.int64), steps, np.ascontiguousarray(values[:, ranks].T, dtype=np.float32)
+    )
