@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test lint typecheck proto bench clean
+.PHONY: venv web demo test lint typecheck proto bench wheel clean
 
 venv: $(STAMP)
 
@@ -17,10 +17,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[server,torch,dev]"
 	touch $(STAMP)
 
-demo: venv
+# The dashboard (web/) built into the server package, which serves it and ships it in wheels.
+WEB_DIST := server/smon_server/dashboard/dist/index.html
+WEB_SRC  := $(shell find web/src -type f 2>/dev/null) web/index.html web/package.json \
+            web/package-lock.json web/vite.config.ts web/tsconfig.json
+
+web: $(WEB_DIST)
+
+web/node_modules/.installed: web/package.json web/package-lock.json
+	cd web && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(WEB_DIST): web/node_modules/.installed $(WEB_SRC)
+	cd web && npm run --silent build
+
+demo: venv web
 	$(VENV)/bin/smon demo
 
-test: venv
+test: venv web
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
@@ -41,5 +55,10 @@ bench: venv
 	$(PY) benchmarks/agent_overhead.py
 	$(PY) benchmarks/whatif_speed.py
 
+# A wheel with the dashboard built in (pip users get it without Node).
+wheel: venv web
+	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache \
+		web/node_modules server/smon_server/dashboard/dist

@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     pagerduty_url: str = PAGERDUTY_EVENTS_URL
     webhook_url: str | None = None
     public_url: str = "http://localhost:8080"  # SMon as on-call engineers reach it: links in alerts
+    # Grafana with SMon's dashboards (deploy/grafana): the dashboard links jobs to it when set.
+    grafana_url: str | None = None
 
     alert_rules: str | None = None  # YAML file overriding the default alert rules (alerts/rules.py)
     analysis_interval: Annotated[float, Field(gt=0)] = 10.0

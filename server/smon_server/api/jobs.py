@@ -279,6 +279,7 @@ def worker(
         steps=[
             WorkerStepOut(
                 step=int(step),
+                start_time=float(records.start_time[i]),
                 duration=float(records.duration[i]),
                 phases={name: float(v[i]) for name, v in phases.items() if not np.isnan(v[i])},
                 slowdown=per_step.get(int(step)),

@@ -1,4 +1,4 @@
-"""The FastAPI application: REST API, /metrics, probes (and, later, the dashboard)."""
+"""The FastAPI application: REST API, /metrics, probes and the dashboard."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import logging
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
 
-from smon_server import __version__
-from smon_server.api import alerts, health, jobs, metrics
+from smon_server import __version__, dashboard
+from smon_server.api import alerts, health, info, jobs, metrics, ranks
 from smon_server.api.deps import require_api_token
 from smon_server.context import ServerContext
 from smon_server.store.db import DATABASE_UNAVAILABLE
@@ -33,6 +34,8 @@ def create_app(context: ServerContext) -> FastAPI:
     app.state.context = context
     app.include_router(health.router)
     app.include_router(metrics.router)
+    app.include_router(info.router)
+    app.include_router(ranks.router)
     app.include_router(jobs.router)
     app.include_router(alerts.router)
     if protected:
@@ -43,6 +46,9 @@ def create_app(context: ServerContext) -> FastAPI:
 
     for error in DATABASE_UNAVAILABLE:
         app.add_exception_handler(error, database_unavailable)
+    # A 4,096-rank heatmap is ~2 MB of JSON and ~0.4 MB gzipped: dashboards over a VPN notice.
+    app.add_middleware(GZipMiddleware, minimum_size=4096)
+    dashboard.mount(app)
     return app
 
 

@@ -170,6 +170,7 @@ class GpuSampleOut(BaseModel):
 
 class WorkerStepOut(BaseModel):
     step: int
+    start_time: float = Field(description="when the step started, unix seconds on the server's clock")
     duration: float
     phases: dict[str, float]
     slowdown: float | None

@@ -12,6 +12,7 @@ import sys
 import time
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from rich.console import Console
@@ -55,11 +56,13 @@ def main(
         console.print("Is another server on these ports? Try --http-port / --grpc-port.")
         return 1
     job = f"demo-{datetime.now():%Y%m%d-%H%M%S}"
-    console.print(f"[bold]SMon server[/bold] up: API {server.http_url}/docs, ingest {server.grpc_target}")
+    dashboard = f"{server.http_url}/jobs/{quote(job, safe='')}"
+    console.print(f"[bold]SMon server[/bold] up: dashboard {server.http_url}/, ingest {server.grpc_target}")
     console.print(
         f"Training job [bold]{job}[/bold]: {ranks} ranks (torchrun, gloo, CPU), {steps} steps, "
         f"rank {slow_rank} slowed by {delay * 1000:.0f} ms per forward."
     )
+    console.print(f"Watch it live: [bold]{dashboard}[/bold]")
     env = {
         **os.environ,
         "SMON_SERVER": server.grpc_target,
@@ -81,6 +84,7 @@ def main(
         render_summary(summary)
         console.print(
             f"\nLook for yourself:\n"
+            f"  dashboard {dashboard}\n"
             f"  summary   {server.http_url}/api/v1/jobs/{job}/summary\n"
             f"  per step  {server.http_url}/api/v1/jobs/{job}/steps\n"
             f"  history   {server.http_url}/api/v1/jobs/{job}/trend\n"

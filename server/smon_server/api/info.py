@@ -1,0 +1,53 @@
+"""/api/v1/info: what a client (the dashboard) needs to know about this server to present it."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from smon_server import __version__
+from smon_server.api.deps import ApiTokenDep, SettingsDep
+
+router = APIRouter(prefix="/api/v1", tags=["info"])
+
+# The phases agents report on their own (DESIGN §4), as heatmap metrics; `other` is the untimed
+# host work of a step and `gc` its GC pauses. Custom phases are heatmap metrics too.
+STANDARD_PHASES = [
+    "data_wait",
+    "h2d",
+    "forward",
+    "backward",
+    "grad_sync",
+    "optimizer",
+    "checkpoint",
+    "other",
+    "gc",
+]
+
+
+class InfoOut(BaseModel):
+    version: str
+    gpu_hour_price: float = Field(description="SMON_GPU_HOUR_PRICE: cost figures are shown when > 0")
+    grafana_url: str | None = Field(description="SMON_GRAFANA_URL: where SMon's Grafana dashboards are")
+    analysis_interval: float = Field(description="seconds between analysis passes: how often numbers change")
+    stall_seconds: float
+    warmup_steps: int
+    ingest_address: str = Field(description="host:port agents send to (SMON_SERVER), as far as it is known")
+    phases: list[str] = Field(description="phase names usable as heatmap metrics")
+
+
+@router.get("/info", response_model=InfoOut)
+def info(settings: SettingsDep, _auth: ApiTokenDep) -> InfoOut:
+    host = urlsplit(settings.public_url).hostname or "localhost"
+    return InfoOut(
+        version=__version__,
+        gpu_hour_price=settings.gpu_hour_price,
+        grafana_url=settings.grafana_url,
+        analysis_interval=settings.analysis_interval,
+        stall_seconds=settings.stall_seconds,
+        warmup_steps=settings.warmup_steps,
+        ingest_address=f"{host}:{settings.grpc_port}",
+        phases=STANDARD_PHASES,
+    )

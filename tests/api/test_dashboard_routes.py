@@ -1,0 +1,98 @@
+"""The dashboard's routes (one page for every DESIGN §6 path) and the API it needs beside §6."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from smon_server import dashboard
+from smon_server.runtime import BackgroundServer
+from tests.conftest import server_settings
+from tests.factories import stored_job
+
+PAGES = ["/", "/alerts", "/jobs/train-1", "/jobs/a%2Fb%3Cc%3E", "/jobs/train-1/workers/3"]
+
+
+@pytest.fixture
+def built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in build: these tests are about routing and headers, not the bundle's contents."""
+    dist = tmp_path / "dist"
+    (dist / "assets").mkdir(parents=True)
+    (dist / "index.html").write_text("<!doctype html><title>SMon</title><div id=app></div>")
+    (dist / "assets" / "index-abc123.js").write_text("console.log('smon')")
+    monkeypatch.setattr(dashboard, "DIST", dist)
+    return dist
+
+
+def test_every_page_path_serves_the_app_with_a_strict_policy(built: Path, sqlite_url: str) -> None:
+    with BackgroundServer(server_settings(sqlite_url, api_token="t0ken")) as server:
+        for path in PAGES:
+            # The page itself holds no data: it loads without the token and asks for it.
+            response = httpx.get(server.http_url + path)
+            assert response.status_code == 200, path
+            assert response.headers["content-type"].startswith("text/html")
+            assert "<div id=app>" in response.text
+            policy = response.headers["content-security-policy"]
+            assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+        asset = httpx.get(server.http_url + "/assets/index-abc123.js")
+        assert asset.status_code == 200
+        assert "immutable" in asset.headers["cache-control"]
+        assert httpx.get(server.http_url + "/assets/missing.js").status_code == 404
+        assert httpx.get(server.http_url + "/nope").status_code == 404
+        # The data behind the pages still needs the token.
+        assert httpx.get(server.http_url + "/api/v1/info").status_code == 401
+        assert (
+            httpx.get(server.http_url + "/api/v1/info", headers={"Authorization": "Bearer t0ken"}).status_code
+            == 200
+        )
+
+
+def test_an_unbuilt_dashboard_says_how_to_build_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqlite_url: str
+) -> None:
+    monkeypatch.setattr(dashboard, "DIST", tmp_path / "absent")
+    with BackgroundServer(server_settings(sqlite_url)) as server:
+        response = httpx.get(server.http_url + "/jobs/x")
+        assert response.status_code == 503
+        assert "make web" in response.text
+        assert httpx.get(server.http_url + "/api/v1/jobs").status_code == 200
+
+
+def test_info_and_ranks(database_url: str) -> None:
+    settings = server_settings(
+        database_url,
+        gpu_hour_price=2.5,
+        grafana_url="https://grafana.example/",
+        public_url="https://smon.example:8443",
+    )
+    with BackgroundServer(settings) as server:
+        info = httpx.get(server.http_url + "/api/v1/info").json()
+        assert info["gpu_hour_price"] == 2.5
+        assert info["grafana_url"] == "https://grafana.example/"
+        assert info["ingest_address"] == f"smon.example:{server.settings.grpc_port}"
+        assert {"forward", "backward", "grad_sync", "other", "gc"} <= set(info["phases"])
+
+        assert server.context is not None
+        with server.context.db.session() as session:
+            stored_job(
+                session, "a/b", time.time(), agents=[(1, 50.0, 1.0, False, 0), (0, 60.0, 1.0, False, 0)]
+            )
+            session.commit()
+        ranks = httpx.get(server.http_url + "/api/v1/jobs/a%2Fb/ranks").json()
+        assert [r["rank"] for r in ranks["ranks"]] == [0, 1]
+        assert httpx.get(server.http_url + "/api/v1/jobs/nope/ranks").status_code == 404
+
+
+def test_large_responses_are_compressed(sqlite_url: str) -> None:
+    with BackgroundServer(server_settings(sqlite_url)) as server:
+        assert server.context is not None
+        with server.context.db.session() as session:
+            for i in range(60):
+                stored_job(session, f"job-{i:03d}", time.time())
+            session.commit()
+        response = httpx.get(server.http_url + "/api/v1/jobs", headers={"Accept-Encoding": "gzip"})
+        assert response.headers.get("content-encoding") == "gzip"
+        assert len(response.json()["jobs"]) == 60
