@@ -171,7 +171,6 @@ class ActiveMonitor(Monitor):
     def instrument(self, models: Sequence[Any], optimizer: Any, dataloader: Any) -> None:
         """Install hooks on what attach was given; each failure is said and skipped, not raised."""
         if models:
-            from smon.ddp import attach_ddp, is_ddp
             from smon.hooks import ModelHooks
 
             for chunk, module in enumerate(models):
@@ -179,10 +178,6 @@ class ActiveMonitor(Monitor):
                     hooks = ModelHooks(module, chunk, self.tracker, self.errors)
                     hooks.install()
                     self._removables.append(hooks)
-                    if is_ddp(module):
-                        sync = attach_ddp(module, hooks, self.tracker, self.errors, self.once)
-                        if sync is not None:
-                            self._removables.append(sync)
                 except Exception as exc:
                     self.errors.report("model_hooks", exc)
         if optimizer is not None:

@@ -1,9 +1,9 @@
 """The step in progress: its number, open phases and finished spans, cut into a RawStep at step end.
 
-Everything here runs on the training thread (or autograd / collective-callback threads), so it
-only stores marks and small tuples; turning them into a `StepRecord` happens on the shipper thread
-(`records.py`). A lock makes the few cross-thread updates safe (DDP future callbacks close
-`grad_sync` on the process group's thread); it is reentrant because a hook can run inside another.
+Everything here runs on the training thread (or autograd engine threads), so it only stores marks
+and small tuples; turning them into a `StepRecord` happens on the feeder thread (`records.py`).
+Phases open and close without a lock (see `open`); a reentrant lock guards the step swap and the
+heartbeat, which the feeder thread reads.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class StepTracker:
         on_overflow: Callable[[int], None] | None = None,
     ) -> None:
         self.clock = clock
+        self._mark = clock.mark
         self.active = True
         self._sink = sink
         self._gc_drain = gc_drain
@@ -74,15 +75,20 @@ class StepTracker:
         self._overflowed = False  # this step hit MAX_SPANS_PER_STEP
 
     # -- phases -----------------------------------------------------------------------------
-    def open(self, kind: str) -> Mark:
-        """Mark the start of a phase; it shows in heartbeats until closed."""
-        mark = self.clock.mark()
-        with self._lock:
-            if self._start is None:
-                self._start = mark
-            self._open.append((kind, mark))
-            if len(self._open) > _MAX_OPEN_PHASES:
-                del self._open[0]
+    # open / close run on the training thread several times per step, so they take no lock: a
+    # list append or pop is atomic under the GIL, and the only other writers (end_step, add_seq,
+    # set_step) swap whole lists under `_lock`. A span closed on another thread during end_step's
+    # swap lands in the step just cut, which is where it ended anyway.
+    def open(self, kind: str, mark: Mark | None = None) -> Mark:
+        """Mark the start of a phase (now, or at `mark`); it shows in heartbeats until closed."""
+        if mark is None:
+            mark = self._mark()
+        if self._start is None:
+            self._start = mark
+        opened = self._open
+        opened.append((kind, mark))
+        if len(opened) > _MAX_OPEN_PHASES:
+            del opened[0]
         return mark
 
     def close(
@@ -90,33 +96,37 @@ class StepTracker:
     ) -> Mark:
         """Record the span [start, end or now] in the step in progress."""
         if end is None:
-            end = self.clock.mark()
-        with self._lock:
-            if len(self._spans) < MAX_SPANS_PER_STEP:
-                self._spans.append((kind, start, end, microbatch, chunk))
-            elif not self._overflowed:
-                self._overflowed = True
-                if self._on_overflow is not None:
-                    self._on_overflow(self.step)
+            end = self._mark()
+        spans = self._spans
+        if len(spans) < MAX_SPANS_PER_STEP:
+            spans.append((kind, start, end, microbatch, chunk))
+        elif not self._overflowed:
+            self._overflowed = True
+            if self._on_overflow is not None:
+                self._on_overflow(self.step)
+        opened = self._open
+        if opened and opened[-1][1] is start:
+            opened.pop()  # the common case: the innermost phase closes
+        else:
             self.discard(start)
         return end
 
     def discard(self, start: Mark) -> None:
         """Forget an open phase without recording a span."""
-        with self._lock:
-            for i in range(len(self._open) - 1, -1, -1):
-                if self._open[i][1] is start:
-                    del self._open[i]
-                    break
+        opened = self._open
+        for i in range(len(opened) - 1, -1, -1):
+            if opened[i][1] is start:
+                del opened[i]
+                break
 
     # -- micro-batches ----------------------------------------------------------------------
     def begin_forward(self, chunk: int) -> int:
         """Index of the forward starting now among this step's forwards of `chunk`."""
-        with self._lock:
-            index = self._forwards.get(chunk, 0)
-            self._forwards[chunk] = index + 1
-            self._forward_open = index
-            return index
+        forwards = self._forwards
+        index = forwards.get(chunk, 0)
+        forwards[chunk] = index + 1
+        self._forward_open = index
+        return index
 
     def end_forward(self) -> None:
         self._forward_open = None
@@ -173,8 +183,9 @@ class StepTracker:
         """Where this rank stands now: last completed step, step in progress, innermost open phase."""
         with self._lock:
             phase, since = "", 0.0
-            if self._open:
-                phase, mark = self._open[-1]
+            opened = self._open[-1:]  # a slice: the training thread may pop meanwhile
+            if opened:
+                phase, mark = opened[0]
                 since = self._anchor + self.clock.host_time(mark)
             return pb.Heartbeat(
                 time=time.time(),

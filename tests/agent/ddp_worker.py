@@ -86,7 +86,8 @@ def run(rank: int, world_size: int, port: int, server: str, out_dir: str) -> Non
     train_with(ddp, optimizer)
     mon.close()
 
-    # C: the user registered a comm hook before attach: said once, no grad_sync, training goes on.
+    # C: the user registered a comm hook before attach: SMon leaves it alone (it registers none of its
+    # own) and still measures grad_sync, which now includes the user's hook.
     calls = {"pre": 0, "post": 0}
 
     def counting_hook(name: str) -> Any:
@@ -104,15 +105,32 @@ def run(rank: int, world_size: int, port: int, server: str, out_dir: str) -> Non
     mon = smon.attach(ddp, optimizer, job="ddp-user-hook-before", **fast)
     result["pre_losses"] = train_with(ddp, optimizer)
     mon.close()
+    result["pre_hooks"] = len(ddp._comm_hooks)  # DDP's record of registered hooks: the user's only
 
-    # D: the user registers a comm hook after attach: their call succeeds, their hook runs, and
-    # grad_sync is still measured around it.
+    # D: the user registers a comm hook after attach: their call succeeds (SMon holds no comm hook
+    # that would make DDP refuse it), their hook runs, and grad_sync is measured around it.
     ddp = ddp_model()
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
     mon = smon.attach(ddp, optimizer, job="ddp-user-hook-after", **fast)
     ddp.register_comm_hook(None, counting_hook("post"))
     result["post_losses"] = train_with(ddp, optimizer)
     mon.close()
+
+    # E: gradient accumulation, the first micro-batch under no_sync(): DDP all-reduces only in the
+    # second backward, so only that one has a grad_sync.
+    ddp = ddp_model()
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    mon = smon.attach(ddp, optimizer, job="ddp-no-sync", **fast)
+    generator = torch.Generator().manual_seed(200 + rank)
+    for _ in range(STEPS):
+        x, y = torch.randn(8, 16, generator=generator), torch.randn(8, 1, generator=generator)
+        with ddp.no_sync():
+            torch.nn.functional.mse_loss(ddp(x[:4]), y[:4]).backward()
+        torch.nn.functional.mse_loss(ddp(x[4:]), y[4:]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    result["no_sync_errors"] = mon.counters()["errors"]
 
     result["calls"] = calls
     result["log"] = capture.messages

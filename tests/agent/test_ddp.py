@@ -1,4 +1,4 @@
-"""A real 2-process gloo DDP job: grad_sync through the comm hook, training results unchanged."""
+"""A real 2-process gloo DDP job: grad_sync from autograd-engine callbacks, training results unchanged."""
 
 from __future__ import annotations
 
@@ -77,22 +77,37 @@ def test_reattach_to_the_same_ddp_model_measures_grad_sync_again(ddp_run):
         assert len(steps) == ddp_worker.STEPS and all("grad_sync" in s.phases for s in steps)
 
 
-def test_user_comm_hook_before_attach_is_said_once_and_left_alone(ddp_run):
+def test_user_comm_hook_before_attach_is_left_alone_and_grad_sync_still_measured(ddp_run):
     servicer, results = ddp_run
     for rank in range(WORLD):
         assert results[rank]["calls"]["pre"] > 0
         assert results[rank]["pre_losses"] == results[rank]["plain"]
-        said = [m for m in results[rank]["log"] if "already has a comm hook" in m]
-        assert len(said) == 1
+        assert results[rank]["pre_hooks"] == 1  # the user's; SMon registered none
+        assert not [m for m in results[rank]["log"] if "comm hook" in m]
         steps = steps_of(servicer, "ddp-user-hook-before", rank)
         assert len(steps) == ddp_worker.STEPS
-        assert all("grad_sync" not in s.phases for s in steps)
+        assert all("grad_sync" in s.phases for s in steps)
 
 
-def test_user_comm_hook_after_attach_runs_inside_the_timing_wrapper(ddp_run):
+def test_user_comm_hook_after_attach_is_registered_and_timed(ddp_run):
     servicer, results = ddp_run
     for rank in range(WORLD):
         assert results[rank]["calls"]["post"] > 0
         assert results[rank]["post_losses"] == results[rank]["plain"]
         steps = steps_of(servicer, "ddp-user-hook-after", rank)
+        assert len(steps) == ddp_worker.STEPS
         assert all("grad_sync" in s.phases for s in steps)
+
+
+def test_no_sync_micro_batches_have_no_grad_sync(ddp_run):
+    servicer, results = ddp_run
+    for rank in range(WORLD):
+        assert results[rank]["no_sync_errors"] == 0
+        steps = steps_of(servicer, "ddp-no-sync", rank)
+        assert [s.step for s in steps] == list(range(ddp_worker.STEPS))
+        for step in steps:
+            backward = [s for s in step.spans if s.kind == "backward"]
+            grad_sync = [s for s in step.spans if s.kind == "grad_sync"]
+            assert [s.microbatch for s in backward] == [0, 1]
+            assert len(grad_sync) == 1  # only the synchronised micro-batch
+            assert grad_sync[0].start == pytest.approx(backward[1].start + backward[1].duration, abs=1e-4)

@@ -194,3 +194,22 @@ def test_hook_failures_are_counted_and_logged_once_never_raised(ingest, attach_f
     assert len([r for r in caplog.records if "smon bug" in r.getMessage()]) == len(kinds)
     mon.close()
     assert ingest.servicer.step_numbers() == [0, 1, 2, 3]  # step boundaries still recorded
+
+
+def test_user_gradient_hooks_on_the_output_still_run(ingest, attach_fast):
+    """SMon's backward-start hook shares the output's hook dict with the user's own hooks."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = attach_fast(model, optimizer, server=ingest.address)
+    seen: list[int] = []
+    for _ in range(2):
+        out = model(torch.randn(2, 16))
+        handle = out.register_hook(lambda grad: seen.append(grad.shape[0]))
+        out.sum().backward()
+        handle.remove()
+        optimizer.step()
+    mon.close()
+    assert seen == [2, 2]
+    assert mon.counters()["errors"] == 0
+    steps = sorted(ingest.servicer.steps(), key=lambda s: s.step)
+    assert [kinds(s) for s in steps] == [["forward", "backward", "optimizer"]] * 2
