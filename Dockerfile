@@ -1,12 +1,21 @@
-# The SMon server image: the package (agent, server, migrations) with its server extra, run as a
-# non-root user. `smon server` applies migrations at start; set SMON_AUTO_MIGRATE=false where a
+# The SMon server image: the package (agent, server, migrations, the built dashboard) with its
+# server extra, run as a non-root user. `smon server` applies migrations at start; set SMON_AUTO_MIGRATE=false where a
 # separate job does it (deploy/kubernetes runs `smon db upgrade` as a Job before the rollout).
+FROM node:20-slim AS web
+WORKDIR /src/web
+COPY web/package.json web/package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY web ./
+# Vite writes the build into the server package (../server/smon_server/dashboard/dist).
+RUN mkdir -p ../server/smon_server/dashboard && npm run build
+
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY agent ./agent
 COPY server ./server
 COPY migrations ./migrations
+COPY --from=web /src/server/smon_server/dashboard/dist ./server/smon_server/dashboard/dist
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from smon_server import dashboard
 from smon_server.runtime import BackgroundServer
+from tests import factories as f
+from tests.api.test_jobs import SLOW_RANK, analyse, push_job
 from tests.conftest import server_settings
 from tests.factories import stored_job
 
@@ -96,3 +100,31 @@ def test_large_responses_are_compressed(sqlite_url: str) -> None:
         response = httpx.get(server.http_url + "/api/v1/jobs", headers={"Accept-Encoding": "gzip"})
         assert response.headers.get("content-encoding") == "gzip"
         assert len(response.json()["jobs"]) == 60
+
+
+@pytest.mark.parametrize("metric", ["slowdown", "forward"])
+def test_heatmap_float32_cells_are_the_json_cells(server: BackgroundServer, metric: str) -> None:
+    """encoding=f32 (what the dashboard asks for) carries the same cells as the JSON numbers."""
+    job_id = f.new_job_id("f32")
+    push_job(server, job_id, slow_rank=SLOW_RANK, slow_forward=0.03)
+    analyse(server)
+    with httpx.Client(base_url=server.http_url, timeout=30) as client:
+        for params in ({}, {"max_ranks": 2, "max_steps": 7}, {"from_rank": 1, "to_rank": 2}):
+            url = f"/api/v1/jobs/{job_id}/heatmap"
+            plain = client.get(url, params={"metric": metric, **params}).json()
+            packed = client.get(url, params={"metric": metric, "encoding": "f32", **params}).json()
+            cells = np.frombuffer(base64.b64decode(packed.pop("values_f32")), dtype="<f4")
+            assert packed.pop("values") == []
+            assert {k: v for k, v in plain.items() if k not in ("values", "values_f32")} == packed
+            want = np.array([[np.nan if v is None else v for v in row] for row in plain["values"]])
+            assert cells.size == want.size > 0
+            got = np.round(cells.astype(np.float64), 6).reshape(want.shape)
+            np.testing.assert_array_equal(got, want)
+            if metric == "slowdown" and not params:
+                assert np.nanargmax(np.nanmean(got, axis=1)) == plain["ranks"].index(SLOW_RANK)
+    assert client.is_closed
+
+
+def test_heatmap_encoding_is_checked(server: BackgroundServer) -> None:
+    response = httpx.get(f"{server.http_url}/api/v1/jobs/x/heatmap", params={"encoding": "png"})
+    assert response.status_code == 422

@@ -81,6 +81,8 @@ def test_dockerfile_ships_the_package_as_a_non_root_server() -> None:
     for source in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
         for path in source.split():
             assert (REPO / path).exists(), path
+    # The image ships the dashboard built (the package's dist/, which git does not hold).
+    assert re.search(r"^COPY --from=web \S+/dashboard/dist \./server/smon_server/dashboard/dist$", text, re.M)
     exposed = {int(p) for line in re.findall(r"^EXPOSE (.+)$", text, flags=re.M) for p in line.split()}
     assert exposed == {SETTINGS.http_port, SETTINGS.grpc_port}
     user = re.findall(r"^USER (\S+)$", text, flags=re.M)

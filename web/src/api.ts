@@ -100,6 +100,27 @@ export interface Heatmap {
   downsampled: boolean;
   rank_ranges: number[][] | null;
   step_ranges: number[][] | null;
+  values_f32?: string | null;
+}
+
+/** A heatmap's cells as one float32 array (row-major, NaN where none): no per-cell objects. */
+export interface HeatGrid extends Omit<Heatmap, "values" | "values_f32"> {
+  cells: Float32Array;
+}
+
+export function decodeHeatmap(h: Heatmap): HeatGrid {
+  const { values, values_f32, ...rest } = h;
+  let cells: Float32Array;
+  if (values_f32) {
+    const raw = atob(values_f32);
+    const bytes = new Uint8Array(raw.length);
+    for (let i = 0; i < raw.length; i++) bytes[i] = raw.charCodeAt(i);
+    cells = new Float32Array(bytes.buffer); // little-endian, as every browser platform is
+  } else {
+    cells = new Float32Array(h.ranks.length * h.steps.length);
+    values.forEach((row, i) => row.forEach((v, j) => (cells[i * h.steps.length + j] = v === null ? NaN : v)));
+  }
+  return { ...rest, cells };
 }
 
 export interface WorkerGrid {

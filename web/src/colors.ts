@@ -35,7 +35,7 @@ export interface Scale {
   unit: (v: number) => number;
 }
 
-function quantile(sorted: number[], q: number): number {
+function quantile(sorted: ArrayLike<number>, q: number): number {
   if (!sorted.length) return 0;
   const i = Math.min(sorted.length - 1, Math.max(0, Math.round(q * (sorted.length - 1))));
   return sorted[i];
@@ -47,10 +47,10 @@ function quantile(sorted: number[], q: number): number {
  * stretching its noise over the whole palette. Times span their 1st–99th percentile, so one
  * outlier does not wash the rest out.
  */
-export function scaleFor(metric: string, values: (number | null)[][]): Scale {
-  const all: number[] = [];
-  for (const row of values) for (const v of row) if (v !== null && Number.isFinite(v)) all.push(v);
-  all.sort((a, b) => a - b);
+export function scaleFor(metric: string, values: Iterable<number | null>): Scale {
+  const finite: number[] = [];
+  for (const v of values) if (v !== null && Number.isFinite(v)) finite.push(v);
+  const all = Float64Array.from(finite).sort();
   let lo: number;
   let hi: number;
   if (metric === "slowdown") {

@@ -16,8 +16,10 @@ export interface Loaded<T> {
 /**
  * `load()` now and whenever `key` changes, and every `everyMs` while the tab is visible (0: once).
  * Responses to superseded keys are dropped, so a slow old answer never overwrites a newer view.
+ * Until `enabled`, nothing is fetched: a page asks for what it draws first before the rest (a
+ * browser runs six requests per server at once, and the server's answers share its cores).
  */
-export function usePoll<T>(load: () => Promise<T>, key: string, everyMs = 0): Loaded<T> {
+export function usePoll<T>(load: () => Promise<T>, key: string, everyMs = 0, enabled = true): Loaded<T> {
   const [data, setData] = useState<T | null>(null);
   const [error, setError] = useState<ApiError | null>(null);
   const [loading, setLoading] = useState(true);
@@ -52,13 +54,17 @@ export function usePoll<T>(load: () => Promise<T>, key: string, everyMs = 0): Lo
       lastKey.current = key;
       setData(null); // another view: do not show the old one's numbers under the new one's title
     }
-    run();
-    if (!everyMs) return undefined;
+    if (enabled) run();
+  }, [key, enabled, run]);
+
+  // The refresh timer, apart: a new interval (the server's settings arrived) does not refetch.
+  useEffect(() => {
+    if (!everyMs || !enabled) return undefined;
     const timer = window.setInterval(() => {
       if (document.visibilityState === "visible") run();
     }, everyMs);
     return () => window.clearInterval(timer);
-  }, [key, everyMs, run]);
+  }, [everyMs, enabled, run]);
 
   return { data, error, loading, refresh: run };
 }

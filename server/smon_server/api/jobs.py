@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, HTTPException, Path, Query, Response
@@ -190,6 +190,10 @@ def heatmap(
     to_rank: Annotated[int | None, Query(ge=0, le=MAX_RANK, description="zoom: last rank")] = None,
     max_ranks: Annotated[int, Query(ge=1, le=8192, description="rows at most (max over each bin)")] = 512,
     max_steps: Annotated[int, Query(ge=1, le=8192, description="columns at most")] = 512,
+    encoding: Annotated[
+        Literal["json", "f32"],
+        Query(description="f32: cells as base64 float32 in `values_f32` (NaN: none), `values` empty"),
+    ] = "json",
 ) -> Response:
     """Every metric is read in the shape it is stored: the slowdown grid from the stored analysis,
     a phase's from the per-step columns the analysis pass stores (store/phase_grids.py), only
@@ -211,7 +215,7 @@ def heatmap(
         grid, from_rank=from_rank, to_rank=to_rank, from_step=window.from_step, to_step=window.to_step
     )
     body = heatmaps.response_json(
-        grid, job_id=job_id, metric=metric, max_ranks=max_ranks, max_steps=max_steps
+        grid, job_id=job_id, metric=metric, max_ranks=max_ranks, max_steps=max_steps, encoding=encoding
     )
     return Response(content=body, media_type="application/json")
 

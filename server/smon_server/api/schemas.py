@@ -142,6 +142,9 @@ class HeatmapOut(BaseModel):
     downsampled: bool = Field(False, description="cells are maxima over bins of ranks / steps")
     rank_ranges: list[list[int]] | None = Field(None, description="[first, last] rank of each row's bin")
     step_ranges: list[list[int]] | None = Field(None, description="[first, last] step of each column's bin")
+    values_f32: str | None = Field(
+        None, description="with encoding=f32: the cells as base64 little-endian float32, row-major; NaN: none"
+    )
 
 
 class WorkersOut(BaseModel):

@@ -2,7 +2,7 @@
 // canvas's pixels by the API (each cell the max of its bin), and one ImageData write draws them.
 import { useEffect, useMemo, useRef, useState } from "preact/hooks";
 
-import type { Heatmap as HeatmapData, RankInfo } from "../api";
+import type { HeatGrid as HeatmapData, RankInfo } from "../api";
 import { heatColor, NULL_COLOR, scaleFor, type Scale } from "../colors";
 
 export interface Row {
@@ -47,7 +47,7 @@ export function Heatmap({ data, ranks, groupByHost, format, onRow, onSteps, heig
   const drag = useRef<{ x: number } | null>(null);
   const [band, setBand] = useState<{ a: number; b: number } | null>(null);
   const rows = useMemo(() => rowsOf(data, ranks, groupByHost), [data, ranks, groupByHost]);
-  const scale: Scale = useMemo(() => scaleFor(data.metric, data.values), [data]);
+  const scale: Scale = useMemo(() => scaleFor(data.metric, data.cells), [data]);
 
   useEffect(() => {
     const element = canvas.current?.parentElement;
@@ -79,10 +79,10 @@ export function Heatmap({ data, ranks, groupByHost, format, onRow, onSteps, heig
       const cells = new ImageData(nCols, nRows);
       const px = cells.data;
       for (let r = 0; r < nRows; r++) {
-        const values = data.values[rows[r].index];
+        const base = rows[r].index * nCols;
         for (let s = 0; s < nCols; s++) {
-          const v = values[s];
-          const [red, green, blue] = v === null ? NULL_COLOR : heatColor(scale.unit(v));
+          const v = data.cells[base + s];
+          const [red, green, blue] = Number.isNaN(v) ? NULL_COLOR : heatColor(scale.unit(v));
           const o = (r * nCols + s) * 4;
           px[o] = red;
           px[o + 1] = green;
@@ -159,7 +159,7 @@ export function Heatmap({ data, ranks, groupByHost, format, onRow, onSteps, heig
       setHover(null);
       return;
     }
-    const v = data.values[cell.row.index][cell.col];
+    const v = data.cells[cell.row.index * data.steps.length + cell.col];
     const [s0, s1] = stepRange(cell.col);
     const rankText = cell.row.first === cell.row.last ? `rank ${cell.row.first}` : `ranks ${cell.row.first}–${cell.row.last}`;
     setHover({
@@ -168,7 +168,7 @@ export function Heatmap({ data, ranks, groupByHost, format, onRow, onSteps, heig
       text: [
         `${rankText}${cell.row.host ? ` · ${cell.row.host}` : ""}`,
         s0 === s1 ? `step ${s0}` : `steps ${s0}–${s1}`,
-        v === null ? "no data" : `${data.downsampled ? "max " : ""}${format(v)}`,
+        Number.isNaN(v) ? "no data" : `${data.downsampled ? "max " : ""}${format(v)}`,
       ],
     });
   }

@@ -22,6 +22,7 @@ interface Props {
   format2?: (v: number) => string;
   height?: number;
   syncKey?: string;
+  xRange?: [number, number]; // fixed x extent (charts that share one axis)
   onSelect?: (from: number, to: number) => void;
   testId?: string;
 }
@@ -32,7 +33,7 @@ export function LineChart(props: Props) {
   const latest = useRef(props);
   latest.current = props;
   const { x, series, time = false, height = 220 } = props;
-  const shape = `${time}|${series.map((s) => `${s.label}:${s.scale ?? "y"}`).join(",")}`;
+  const shape = `${time}|${props.xRange?.join("-") ?? ""}|${series.map((s) => `${s.label}:${s.scale ?? "y"}`).join(",")}`;
 
   useEffect(() => {
     const element = host.current;
@@ -56,7 +57,7 @@ export function LineChart(props: Props) {
     const options: uPlot.Options = {
       width: Math.max(300, element.clientWidth),
       height,
-      scales: { x: { time } },
+      scales: { x: p.xRange ? { time, range: () => p.xRange as [number, number] } : { time } },
       axes,
       legend: { live: true },
       cursor: {

@@ -1,9 +1,10 @@
 // `/jobs/{id}`: is this job straggling, since when, where and why, and what to do about it.
-import { useMemo, useState } from "preact/hooks";
+import { useEffect, useMemo, useState } from "preact/hooks";
 
 import {
   type Alert,
   type Heatmap as HeatmapData,
+  decodeHeatmap,
   type Info,
   type Job,
   gpuHours,
@@ -45,10 +46,12 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
     every,
   );
   const steps = usePoll(() => request<{ steps: StepPoint[] }>(`${path}/steps`), jobId, every);
-  const history = usePoll(() => request<{ points: TrendPoint[] }>(`${path}/trend`), jobId, every * 3);
-  const grid = usePoll(() => request<WorkerGrid>(`${path}/workers`), jobId, every);
-  const ranks = usePoll(() => request<{ ranks: RankInfo[] }>(`${path}/ranks`), jobId, every * 6);
-  const alerts = usePoll(() => request<{ alerts: Alert[] }>("/alerts", { job: jobId, state: "firing" }), jobId, every);
+  // The heatmap reports when it has drawn (or failed); what sits below it waits for that.
+  const [heatSettled, setHeatSettled] = useState(false);
+  const history = usePoll(() => request<{ points: TrendPoint[] }>(`${path}/trend`), jobId, every * 3, heatSettled);
+  const grid = usePoll(() => request<WorkerGrid>(`${path}/workers`), jobId, every, heatSettled);
+  const ranks = usePoll(() => request<{ ranks: RankInfo[] }>(`${path}/ranks`), jobId, every * 6, heatSettled);
+  const alerts = usePoll(() => request<{ alerts: Alert[] }>("/alerts", { job: jobId, state: "firing" }), jobId, every, heatSettled);
 
   if (summary.error?.status === 404) {
     return (
@@ -195,7 +198,14 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
         </Section>
       )}
 
-      <HeatmapSection jobId={jobId} search={search} ranks={ranks.data?.ranks ?? []} phases={info?.phases ?? []} every={every} />
+      <HeatmapSection
+        jobId={jobId}
+        search={search}
+        ranks={ranks.data?.ranks ?? []}
+        phases={info?.phases ?? []}
+        every={every}
+        onSettled={() => setHeatSettled(true)}
+      />
 
       <Section title="DP rank × pipeline stage (S_w)">
         <ErrorBanner error={grid.error} what="the worker grid" />
@@ -310,7 +320,21 @@ function HistoryChart({ points }: { points: TrendPoint[] }) {
   );
 }
 
-function HeatmapSection({ jobId, search, ranks, phases, every }: { jobId: string; search: URLSearchParams; ranks: RankInfo[]; phases: string[]; every: number }) {
+function HeatmapSection({
+  jobId,
+  search,
+  ranks,
+  phases,
+  every,
+  onSettled,
+}: {
+  jobId: string;
+  search: URLSearchParams;
+  ranks: RankInfo[];
+  phases: string[];
+  every: number;
+  onSettled: () => void;
+}) {
   const metric = search.get("metric") ?? "slowdown";
   const fromStep = intParam(search, "from_step");
   const toStep = intParam(search, "to_step");
@@ -331,17 +355,21 @@ function HeatmapSection({ jobId, search, ranks, phases, every }: { jobId: string
         to_rank: toRank,
         max_ranks: Math.min(512, height - 26),
         max_steps: Math.min(1000, Math.max(100, window.innerWidth - 200)),
-      }),
+        encoding: "f32",
+      }).then(decodeHeatmap),
     key,
     every,
   );
+  useEffect(() => {
+    if (heat.data || heat.error) onSettled();
+  }, [heat.data, heat.error]);
   const format = metric === "slowdown" ? (v: number) => `${v.toFixed(3)}×` : fmt.seconds;
   const zoomed = fromRank !== null || toRank !== null;
   const onRow = (row: Row) => {
     if (row.first === row.last) navigate(`${jobPath(jobId)}/workers/${row.first}`);
     else navigate(withQuery({ from_rank: row.first, to_rank: row.last }));
   };
-  const empty = heat.data && heat.data.values.every((r) => r.every((v) => v === null));
+  const empty = heat.data && heat.data.cells.every((v) => Number.isNaN(v));
   return (
     <Section
       title="Rank × step heatmap"
@@ -388,7 +416,7 @@ function HeatmapSection({ jobId, search, ranks, phases, every }: { jobId: string
 }
 
 function WorkerGridTable({ grid, jobId, ranks }: { grid: WorkerGrid; jobId: string; ranks: RankInfo[] }) {
-  const scale = scaleFor("slowdown", grid.values);
+  const scale = scaleFor("slowdown", grid.values.flat());
   if (!grid.dp_ranks.length) return <p class="muted">No attribution yet: it runs when S ≥ 1.03.</p>;
   const rankOf = (dp: number, stage: number) => ranks.find((r) => r.dp_rank === dp && r.stage === stage)?.rank;
   const big = grid.dp_ranks.length * grid.stages.length > 4096;

@@ -77,6 +77,12 @@ export function WorkerPage({ jobId, rank, info }: { jobId: string; rank: number;
     return { x, clocks, power, events };
   }, [d]);
 
+  // Both panels on one time axis: the span of the steps and the samples together.
+  const xRange = useMemo((): [number, number] | undefined => {
+    const xs = [...(phases?.x ?? []), ...(gpu?.x ?? [])];
+    if (xs.length < 2) return undefined;
+    return [Math.min(...xs), Math.max(...xs)];
+  }, [phases, gpu]);
   const hb = d?.last_heartbeat;
   return (
     <main>
@@ -104,7 +110,7 @@ export function WorkerPage({ jobId, rank, info }: { jobId: string; rank: number;
           </div>
           <Section title="Phases per step">
             {phases && phases.x.length ? (
-              <LineChart testId="phase-chart" x={phases.x} series={phases.series} time format={fmt.seconds} syncKey={sync} />
+              <LineChart testId="phase-chart" x={phases.x} series={phases.series} time format={fmt.seconds} syncKey={sync} xRange={xRange} />
             ) : (
               <p class="muted">No steps in the analysis window.</p>
             )}
@@ -112,8 +118,8 @@ export function WorkerPage({ jobId, rank, info }: { jobId: string; rank: number;
           <Section title="GPU health">
             {gpu ? (
               <>
-                <LineChart testId="clock-chart" x={gpu.x} series={gpu.clocks} time format={(v) => `${v.toFixed(0)} MHz`} format2={(v) => `${v.toFixed(0)} °C`} syncKey={sync} height={180} />
-                <LineChart testId="power-chart" x={gpu.x} series={gpu.power} time format={(v) => `${v.toFixed(0)} W`} format2={(v) => `${v.toFixed(0)}%`} syncKey={sync} height={160} />
+                <LineChart testId="clock-chart" x={gpu.x} series={gpu.clocks} time format={(v) => `${v.toFixed(0)} MHz`} format2={(v) => `${v.toFixed(0)} °C`} syncKey={sync} xRange={xRange} height={180} />
+                <LineChart testId="power-chart" x={gpu.x} series={gpu.power} time format={(v) => `${v.toFixed(0)} W`} format2={(v) => `${v.toFixed(0)}%`} syncKey={sync} xRange={xRange} height={160} />
                 {gpu.events.length > 0 ? (
                   <table class="table" data-testid="gpu-events">
                     <thead>
