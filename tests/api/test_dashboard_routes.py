@@ -5,12 +5,14 @@ from __future__ import annotations
 import base64
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
 from smon_server import dashboard
+from smon_server.jobs import analysis as job_analysis
 from smon_server.runtime import BackgroundServer
 from tests import factories as f
 from tests.api.test_jobs import SLOW_RANK, analyse, push_job
@@ -128,3 +130,33 @@ def test_heatmap_float32_cells_are_the_json_cells(server: BackgroundServer, metr
 def test_heatmap_encoding_is_checked(server: BackgroundServer) -> None:
     response = httpx.get(f"{server.http_url}/api/v1/jobs/x/heatmap", params={"encoding": "png"})
     assert response.status_code == 422
+
+
+def test_a_step_range_inside_the_stored_window_is_cut_from_the_stored_heatmap(
+    server: BackgroundServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Zooming the dashboard's heatmap into steps must not analyse them afresh (a pass's time on a
+    big job): the cells are the stored analysis's, column for column."""
+    job_id = f.new_job_id("zoom")
+    push_job(server, job_id, slow_rank=SLOW_RANK, slow_forward=0.03)
+    analyse(server)
+    fresh: list[object] = []
+    analyze_job = job_analysis.analyze_job
+
+    def counted(**kwargs: Any) -> Any:
+        fresh.append(kwargs["window"])
+        return analyze_job(**kwargs)
+
+    monkeypatch.setattr(job_analysis, "analyze_job", counted)
+    url = f"{server.http_url}/api/v1/jobs/{job_id}/heatmap"
+    whole = httpx.get(url, params={"max_steps": 8192}).json()
+    steps = whole["steps"]
+    lo, hi = steps[len(steps) // 4], steps[len(steps) // 2]
+    zoomed = httpx.get(url, params={"from_step": lo, "to_step": hi}).json()
+    assert zoomed["steps"] == [s for s in steps if lo <= s <= hi]
+    cols = [steps.index(s) for s in zoomed["steps"]]
+    assert zoomed["values"] == [[row[c] for c in cols] for row in whole["values"]]
+    assert fresh == []
+    # A range reaching outside the stored window is analysed as asked.
+    httpx.get(url, params={"from_step": hi, "to_step": steps[-1] + 100}).raise_for_status()
+    assert len(fresh) == 1

@@ -19,6 +19,7 @@ import pytest
 from smon_server.demo import training_command
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
+from smon_server.store.models import Alert
 from tests.conftest import server_settings
 from tests.e2e.processes import run_job_command
 from tests.factories import stored_job
@@ -64,8 +65,24 @@ def live(
                 break
             time.sleep(0.2)
         assert server.context is not None
+        now = time.time()
         with server.context.db.session() as session:
-            stored_job(session, HTML_JOB, time.time(), agents=[(0, 100.0, 1.0, False, 0)])
+            stored_job(session, HTML_JOB, now, agents=[(0, 100.0, 1.0, False, 0)])
+            # A firing incident as the alert engine stores it (the engine has its own tests).
+            session.add(
+                Alert(
+                    dedup_key=f"smon/{job}/job_straggling",
+                    rule="job_straggling",
+                    job_id=job,
+                    severity="warning",
+                    state="firing",
+                    summary=f"{job} runs 1.8x slower than without stragglers <i>(test)</i>",
+                    details={},
+                    started_at=now - 120,
+                    fired_at=now - 60,
+                    last_true_at=now,
+                )
+            )
             session.commit()
         analysis_pass(server.context, time.time())
         yield server, job
@@ -234,17 +251,34 @@ def test_worker_page_shows_phases_beside_gpu_health(live: tuple[BackgroundServer
     assert not unexpected(page.errors), page.errors
 
 
-def test_alerts_page_silences(live: tuple[BackgroundServer, str], page: Any) -> None:
+def test_alerts_page_acknowledges_and_silences(live: tuple[BackgroundServer, str], page: Any) -> None:
     server, job = live
-    page.goto(f"{server.http_url}/alerts?job={quote(job, safe='')}")
-    page.get_by_role("heading", name="Silences").wait_for(timeout=30_000)
+    page.goto(server.http_url + "/")
+    badge = page.locator(f'tr[data-job="{job}"] .badge.firing')
+    badge.wait_for(timeout=30_000)
+    assert badge.inner_text() == "1 firing"
+    badge.click()
+    page.wait_for_url("**/alerts?job=*")
+    table = page.get_by_test_id("alerts-table")
+    table.wait_for(timeout=30_000)
+    assert "<i>(test)</i>" in table.inner_text()  # the summary as text, not markup
+    assert table.locator("i").count() == 0
+
+    page.get_by_placeholder("name (shown on acks)").fill("oncall-ana")
+    table.get_by_role("button", name="Acknowledge").click()
+    table.get_by_text("oncall-ana").wait_for(timeout=10_000)
+    alert = api(server, f"/alerts?job={quote(job, safe='')}")["alerts"][0]
+    assert alert["acked_by"] == "oncall-ana" and alert["acked_at"]
+
     page.get_by_placeholder("rule").fill("job_straggling")
     page.get_by_placeholder("why").fill("browser test")
     page.get_by_role("button", name="Silence", exact=True).click()
     page.get_by_text("rule=job_straggling").wait_for(timeout=10_000)
     silences = api(server, "/silences")["silences"]
     assert any(
-        s["matchers"] == {"job": job, "rule": "job_straggling"} and s["comment"] == "browser test"
+        s["matchers"] == {"job": job, "rule": "job_straggling"}
+        and s["comment"] == "browser test"
+        and s["created_by"] == "oncall-ana"
         for s in silences
     )
     screenshot(page, "alerts")

@@ -200,7 +200,16 @@ def heatmap(
     the zoomed ranks' bytes. The body is written with array operations (views/heatmap.py)."""
     job = _job_or_404(db, job_id)
     if metric == "slowdown":
-        grid = _analysis(db, context, job, window, "heatmap")["heatmap"]
+        grid = None
+        if window.last is None:
+            # A step range inside the stored window (a zoom) is cut from the stored analysis, as a
+            # phase's is: analysing it afresh would take a pass's time on a big job for cells
+            # whose per-step S_w differ only by the range's own D*.
+            stored = _analysis(db, context, job, StepWindow(), "heatmap")["heatmap"]
+            if _covers(stored, window):
+                grid = stored
+        if grid is None:
+            grid = _analysis(db, context, job, window, "heatmap")["heatmap"]
     else:
         grid = job_analysis.phase_heatmap(
             session=db,
@@ -218,6 +227,14 @@ def heatmap(
         grid, job_id=job_id, metric=metric, max_ranks=max_ranks, max_steps=max_steps, encoding=encoding
     )
     return Response(content=body, media_type="application/json")
+
+
+def _covers(grid: grids.Grid | None, window: StepWindow) -> bool:
+    if grid is None or not grid.steps.size:
+        return False
+    return (window.from_step is None or window.from_step >= int(grid.steps[0])) and (
+        window.to_step is None or window.to_step <= int(grid.steps[-1])
+    )
 
 
 @router.get("/jobs/{job_id:path}/workers", response_model=WorkersOut)

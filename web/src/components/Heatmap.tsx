@@ -107,22 +107,24 @@ export function Heatmap({ data, ranks, groupByHost, format, onRow, onSteps, heig
     let lastHost: string | null = null;
     for (let r = 0; r < nRows; r++) {
       const y = plot.y + (r + 0.5) * rowH;
-      if (groupByHost) {
-        if (rows[r].host !== lastHost) {
-          lastHost = rows[r].host;
-          ctx.strokeStyle = "#fff";
-          ctx.lineWidth = 1;
-          ctx.beginPath();
-          ctx.moveTo(plot.x, plot.y + r * rowH);
-          ctx.lineTo(plot.x + plot.w, plot.y + r * rowH);
-          ctx.stroke();
-          ctx.fillText(truncate(rows[r].host, 18), 4, Math.min(y, plot.y + plot.h - 6));
-        }
-      } else if (r % every === 0) {
+      if (groupByHost && rows[r].host !== lastHost) {
+        lastHost = rows[r].host;
+        ctx.strokeStyle = "#fff";
+        ctx.lineWidth = 1;
+        ctx.beginPath();
+        ctx.moveTo(plot.x, plot.y + r * rowH);
+        ctx.lineTo(plot.x + plot.w, plot.y + r * rowH);
+        ctx.stroke();
+        ctx.textAlign = "left";
+        ctx.fillText(truncate(rows[r].host, 12), 4, Math.min(y, plot.y + plot.h - 6));
+      }
+      if (r % every === 0) {
         const label = rows[r].first === rows[r].last ? `${rows[r].first}` : `${rows[r].first}–${rows[r].last}`;
-        ctx.fillText(label, 4, y);
+        ctx.textAlign = "right";
+        ctx.fillText(label, plot.x - 6, y);
       }
     }
+    ctx.textAlign = "left";
     ctx.textBaseline = "alphabetic";
     const colW = plot.w / Math.max(1, nCols);
     const tickEvery = Math.max(1, Math.ceil(70 / colW));
