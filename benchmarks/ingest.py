@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # tests.factories (step records) and tests.server_process
 
 from benchmarks.bench_db import fresh_database  # noqa: E402
+from smon.table import to_table  # noqa: E402
 from smon.v1 import ingest_pb2 as pb  # noqa: E402
 from smon_server.store import partitions  # noqa: E402
 from smon_server.store.db import Database  # noqa: E402
@@ -48,12 +49,18 @@ from tests import factories as f  # noqa: E402
 from tests.server_process import free_port, start_server  # noqa: E402
 
 
-def batches(job: str, rank: int, world: int, count: int, per_batch: int) -> list[bytes]:
+def batches(job: str, rank: int, world: int, count: int, per_batch: int, wire: str) -> list[bytes]:
+    """Serialised batches as an agent sends them: StepRecord messages, or one StepTable each."""
     steps = f.dp_job_steps(1, range(count * per_batch), origin=time.time() - 3600)[0]
     out = []
     for i in range(count):
         chunk = steps[i * per_batch : (i + 1) * per_batch]
-        out.append(f.batch(job, rank, world, seq=i + 1, steps=chunk).SerializeToString())
+        if wire == "rows":
+            batch = f.batch(job, rank, world, seq=i + 1, steps=chunk)
+        else:
+            batch = f.batch(job, rank, world, seq=i + 1)
+            batch.step_table.CopyFrom(to_table(chunk))
+        out.append(batch.SerializeToString())
     return out
 
 
@@ -111,12 +118,22 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--per-batch", type=int, default=100)
     parser.add_argument("--busy-ranks", type=int, default=0)
+    parser.add_argument(
+        "--wire",
+        choices=("table", "rows", "both"),
+        default="both",
+        help="records as one StepTable per batch (what agents send), as StepRecord messages, or both",
+    )
     args = parser.parse_args()
     with fresh_database("smon_bench_ingest") as database_url:
         url = make_url(database_url)
         if not args.busy_ranks:
-            run(args, url, "ingest", {"SMON_ANALYSIS_INTERVAL": "3600"})
+            for wire in ("rows", "table") if args.wire == "both" else (args.wire,):
+                args.wire_form = wire
+                print(f"-- step records as {'StepRecord messages' if wire == 'rows' else 'StepTables'}")
+                run(args, url, f"ingest-{wire}", {"SMON_ANALYSIS_INTERVAL": "3600"})
             return
+        args.wire_form = "table" if args.wire == "both" else args.wire
         busy_job(url.render_as_string(hide_password=False), args.busy_ranks)
         for workers in ("0", "1"):
             env = {
@@ -145,7 +162,9 @@ def run(args: argparse.Namespace, url: URL, prefix: str, env: dict[str, str]) ->
     try:
         per_job = max(1, args.agents // args.jobs)
         payloads = [
-            batches(f"{prefix}-{a // per_job}", a % per_job, per_job, args.batches, args.per_batch)
+            batches(
+                f"{prefix}-{a // per_job}", a % per_job, per_job, args.batches, args.per_batch, args.wire_form
+            )
             for a in range(args.agents)
         ]
         seconds, latencies, acked = asyncio.run(send(f"127.0.0.1:{grpc_port}", payloads))

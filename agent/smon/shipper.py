@@ -35,6 +35,7 @@ from typing import Any
 
 import grpc
 
+from smon import table
 from smon.clock_offset import estimate_offset
 from smon.config import AgentConfig
 from smon.errors import ErrorCounter, OnceLog
@@ -114,6 +115,7 @@ class Shipper:
         self._final_seq = 0  # seq of the batch marked final, once cut
         self._final_wanted = True
         self._seq = 0
+        self._step_tables = False  # set by the first Ack that says the server reads StepTables
         self._clock_offset = 0.0
         self._clock_checked_at = float("-inf")
         self._dropped_undeliverable = 0
@@ -341,6 +343,8 @@ class Shipper:
 
     def _on_ack(self, ack: pb.Ack) -> None:
         with self._lock:
+            if ack.step_tables:
+                self._step_tables = True  # this server reads StepTables: send records so
             entry = self._unacked.pop(ack.seq, None)
             if entry is not None:
                 self.acked_batches += 1
@@ -437,6 +441,21 @@ class Shipper:
             return limit * THROTTLED_BATCH_FACTOR
         return limit
 
+    def _step_forms(self, steps: list[pb.StepRecord]) -> tuple[list[pb.StepRecord], pb.StepTable | None]:
+        """Records as a StepTable once the server said it reads them (else, and for records a table
+        cannot carry, as messages): a table costs the server a few array views instead of an
+        object per record and span."""
+        if not self._step_tables or not steps:
+            return steps, None
+        tabled = [r for r in steps if table.in_table(r)]
+        if not tabled:
+            return steps, None
+        try:
+            return [r for r in steps if not table.in_table(r)], table.to_table(tabled)
+        except (OverflowError, ValueError) as exc:  # a value past its column's type: send messages
+            self._errors.report("step_table", exc)
+            return steps, None
+
     def _cut_batch(self, *, records: bool = True, final: bool = False) -> pb.Batch:
         """Take queued records into a new batch with the current heartbeat and counters."""
         steps: list[pb.StepRecord] = []
@@ -452,13 +471,15 @@ class Shipper:
             except Exception as exc:
                 self._errors.report("heartbeat", exc)
                 heartbeat = pb.Heartbeat(time=time.time())
+            rows, table = self._step_forms(steps)
             with self._lock:
                 self._seq += 1
                 batch = pb.Batch(
                     agent_id=self.agent_id,
                     seq=self._seq,
                     coords=self._coords,
-                    steps=steps,
+                    steps=rows,
+                    step_table=table,
                     gpu_samples=samples,
                     heartbeat=heartbeat,
                     counters=self.counters(),

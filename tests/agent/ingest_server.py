@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -28,7 +29,9 @@ class BatchLog:
         return [s for b in self.snapshot() for s in b.steps]
 
     def step_numbers(self) -> list[int]:
-        return sorted({s.step for s in self.steps()})
+        """Steps that arrived, as messages or in StepTables."""
+        tabled = [n for b in self.snapshot() for n in array("q", b.step_table.step)]
+        return sorted({s.step for s in self.steps()} | set(tabled))
 
     def wait_for(self, predicate: Callable[[BatchLog], bool], timeout: float = 5.0) -> bool:
         """Poll `predicate` until it holds or `timeout` passes."""
@@ -52,6 +55,7 @@ class RecordingIngest(BatchLog, pb_grpc.IngestServicer):
         self.rejection: pb.Rejection | None = None
         self.clock_calls = 0
         self.throttle_next = 0.0  # the next record batch's Ack asks the agent to hold back this long
+        self.step_tables = False  # Acks say this server reads StepTables
         self.received_at: list[float] = []  # time.monotonic() of each batch, as `batches`
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -77,7 +81,10 @@ class RecordingIngest(BatchLog, pb_grpc.IngestServicer):
             if not self.ack:
                 continue
             ack = pb.Ack(
-                agent_id=batch.agent_id, seq=batch.seq, accepted=len(batch.steps) + len(batch.gpu_samples)
+                agent_id=batch.agent_id,
+                seq=batch.seq,
+                accepted=len(batch.steps) + batch.step_table.records + len(batch.gpu_samples),
+                step_tables=self.step_tables,
             )
             if self.throttle_next and (batch.steps or batch.gpu_samples):
                 ack.throttle_seconds, self.throttle_next = self.throttle_next, 0.0

@@ -286,3 +286,27 @@ def test_backoff_is_jittered_exponential_and_capped():
     assert backoff_delay(3, 0.5, 30, rng=lambda: 1.0) == 4.0
     assert backoff_delay(50, 0.5, 30, rng=lambda: 1.0) == 30.0
     assert backoff_delay(5, 0.5, 30, rng=lambda: 0.25) == 4.0
+
+
+def test_records_travel_as_step_tables_once_the_server_reads_them(ingest, attach_fast):
+    """The first batch goes as messages (an older server would drop a table unread); after an Ack
+    that says `step_tables`, records go as one StepTable per batch, each step exactly once."""
+    ingest.servicer.step_tables = True
+    mon = attach_fast(server=ingest.address, max_batch_records=10, flush_interval=0.2)
+    for _ in range(5):
+        mon.step()
+    assert ingest.servicer.wait_for(lambda s: s.step_numbers() == list(range(5)))
+    deadline = time.monotonic() + 10
+    while mon.counters()["acked_batches"] < 1 and time.monotonic() < deadline:  # the Ack is read
+        time.sleep(0.02)
+    for _ in range(40):
+        mon.step()
+    assert ingest.servicer.wait_for(lambda s: s.step_numbers() == list(range(45)))
+    mon.close()
+    snapshot = ingest.servicer.snapshot()
+    first = min((b for b in snapshot if b.steps or b.step_table.records), key=lambda b: b.seq)
+    assert first.steps and not first.step_table.records
+    later = [b for b in ingest.servicer.snapshot() if b.seq > first.seq and (b.steps or b.step_table.records)]
+    assert later and all(b.step_table.records and not b.steps for b in later)
+    sent = sum(len(b.steps) + b.step_table.records for b in ingest.servicer.snapshot())
+    assert sent == 45  # nothing twice

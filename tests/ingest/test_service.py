@@ -230,3 +230,34 @@ def test_a_seq_resent_with_other_records_is_refused_not_acked_as_stored(
     assert (ack.accepted, ack.rejected, ack.duplicate) == (0, 3, False)
     assert [r.reason for r in ack.rejections] == ["seq_reused"]
     assert _count(server, StepRecord) == 3
+
+
+def test_a_step_table_is_stored_like_the_same_records_sent_as_messages(
+    server: BackgroundServer, stub: pb_grpc.IngestStub
+) -> None:
+    """Acks tell agents the server reads StepTables; a table's records are stored exactly as the
+    same records sent as messages (read back through the analysis's window)."""
+    from smon.table import to_table
+
+    steps = f.dp_job_steps(2, range(20), slow_rank=1, slow_forward=0.01)
+    as_rows, as_table = f.new_job_id("rows"), f.new_job_id("table")
+    ack = stub.Push(f.batch(as_rows, 0, 1, steps=steps[1]))
+    assert ack.step_tables and ack.accepted == 20
+    batch = f.batch(as_table, 0, 1)
+    batch.step_table.CopyFrom(to_table(steps[1]))
+    ack = stub.Push(batch)
+    assert (ack.accepted, ack.rejected, ack.duplicate) == (20, 0, False)
+    assert stub.Push(batch).duplicate  # resent: stored once
+    assert server.context is not None
+    with server.context.db.session() as session:
+        windows = []
+        for job_id in (as_rows, as_table):
+            job = session.get(Job, job_id)
+            assert job is not None and job.last_step == 19
+            windows.append(read_window(session=session, job=job, from_step=0, to_step=19))
+    rows, table = windows
+    assert list(table.step) == list(rows.step) == list(range(20))
+    for name in ("start_time", "duration", "span_start", "span_duration", "span_microbatch"):
+        assert list(getattr(table, name)) == list(getattr(rows, name)), name
+    assert [table.kinds[k] for k in table.span_kind] == [rows.kinds[k] for k in rows.span_kind]
+    assert _metric(server, "smon_ingest_records_total", kind="step") == 40

@@ -105,6 +105,58 @@ class StepRecord(_message.Message):
     microbatch_seq: _containers.RepeatedCompositeFieldContainer[MicroBatchSequences]
     def __init__(self, step: _Optional[int] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., duration: _Optional[float] = ..., phases: _Optional[_Mapping[str, float]] = ..., spans: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., gc_count: _Optional[int] = ..., gc_seconds: _Optional[float] = ..., seq: _Optional[_Union[SequenceStats, _Mapping]] = ..., microbatch_seq: _Optional[_Iterable[_Union[MicroBatchSequences, _Mapping]]] = ...) -> None: ...
 
+class StepTable(_message.Message):
+    __slots__ = ("records", "step", "start_time", "end_time", "duration", "gc_count", "gc_seconds", "span_count", "kinds", "span_kind", "span_start", "span_duration", "span_microbatch", "span_chunk", "seq_count", "seq_tokens", "seq_sum_sq", "seq_max_len", "mb_rows", "mb_microbatch", "mb_count", "mb_tokens", "mb_sum_sq", "mb_max_len")
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    DURATION_FIELD_NUMBER: _ClassVar[int]
+    GC_COUNT_FIELD_NUMBER: _ClassVar[int]
+    GC_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SPAN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    SPAN_KIND_FIELD_NUMBER: _ClassVar[int]
+    SPAN_START_FIELD_NUMBER: _ClassVar[int]
+    SPAN_DURATION_FIELD_NUMBER: _ClassVar[int]
+    SPAN_MICROBATCH_FIELD_NUMBER: _ClassVar[int]
+    SPAN_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    SEQ_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SEQ_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_SUM_SQ_FIELD_NUMBER: _ClassVar[int]
+    SEQ_MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    MB_ROWS_FIELD_NUMBER: _ClassVar[int]
+    MB_MICROBATCH_FIELD_NUMBER: _ClassVar[int]
+    MB_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MB_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MB_SUM_SQ_FIELD_NUMBER: _ClassVar[int]
+    MB_MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    records: int
+    step: bytes
+    start_time: bytes
+    end_time: bytes
+    duration: bytes
+    gc_count: bytes
+    gc_seconds: bytes
+    span_count: bytes
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    span_kind: bytes
+    span_start: bytes
+    span_duration: bytes
+    span_microbatch: bytes
+    span_chunk: bytes
+    seq_count: bytes
+    seq_tokens: bytes
+    seq_sum_sq: bytes
+    seq_max_len: bytes
+    mb_rows: bytes
+    mb_microbatch: bytes
+    mb_count: bytes
+    mb_tokens: bytes
+    mb_sum_sq: bytes
+    mb_max_len: bytes
+    def __init__(self, records: _Optional[int] = ..., step: _Optional[bytes] = ..., start_time: _Optional[bytes] = ..., end_time: _Optional[bytes] = ..., duration: _Optional[bytes] = ..., gc_count: _Optional[bytes] = ..., gc_seconds: _Optional[bytes] = ..., span_count: _Optional[bytes] = ..., kinds: _Optional[_Iterable[str]] = ..., span_kind: _Optional[bytes] = ..., span_start: _Optional[bytes] = ..., span_duration: _Optional[bytes] = ..., span_microbatch: _Optional[bytes] = ..., span_chunk: _Optional[bytes] = ..., seq_count: _Optional[bytes] = ..., seq_tokens: _Optional[bytes] = ..., seq_sum_sq: _Optional[bytes] = ..., seq_max_len: _Optional[bytes] = ..., mb_rows: _Optional[bytes] = ..., mb_microbatch: _Optional[bytes] = ..., mb_count: _Optional[bytes] = ..., mb_tokens: _Optional[bytes] = ..., mb_sum_sq: _Optional[bytes] = ..., mb_max_len: _Optional[bytes] = ...) -> None: ...
+
 class GpuSample(_message.Message):
     __slots__ = ("time", "gpu_index", "gpu_uuid", "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz", "mem_clock_max_mhz", "gpu_util", "mem_util", "mem_used_bytes", "mem_total_bytes", "temperature_c", "power_w", "power_limit_w", "throttle_reasons", "ecc_corrected", "ecc_uncorrected", "pcie_replay", "xid_events")
     TIME_FIELD_NUMBER: _ClassVar[int]
@@ -174,7 +226,7 @@ class AgentCounters(_message.Message):
     def __init__(self, dropped_records: _Optional[int] = ..., errors: _Optional[int] = ..., queued: _Optional[int] = ..., resent_batches: _Optional[int] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("agent_id", "seq", "coords", "steps", "gpu_samples", "heartbeat", "counters", "clock_offset", "sent_time", "final")
+    __slots__ = ("agent_id", "seq", "coords", "steps", "gpu_samples", "heartbeat", "counters", "clock_offset", "sent_time", "final", "step_table")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     COORDS_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +237,7 @@ class Batch(_message.Message):
     CLOCK_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SENT_TIME_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    STEP_TABLE_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     seq: int
     coords: Coordinates
@@ -195,7 +248,8 @@ class Batch(_message.Message):
     clock_offset: float
     sent_time: float
     final: bool
-    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., coords: _Optional[_Union[Coordinates, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., gpu_samples: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ..., clock_offset: _Optional[float] = ..., sent_time: _Optional[float] = ..., final: _Optional[bool] = ...) -> None: ...
+    step_table: StepTable
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., coords: _Optional[_Union[Coordinates, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ..., gpu_samples: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., counters: _Optional[_Union[AgentCounters, _Mapping]] = ..., clock_offset: _Optional[float] = ..., sent_time: _Optional[float] = ..., final: _Optional[bool] = ..., step_table: _Optional[_Union[StepTable, _Mapping]] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ("kind", "index", "reason", "detail")
@@ -210,7 +264,7 @@ class Rejection(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., index: _Optional[int] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("agent_id", "seq", "accepted", "rejected", "rejections", "duplicate", "throttle_seconds")
+    __slots__ = ("agent_id", "seq", "accepted", "rejected", "rejections", "duplicate", "throttle_seconds", "step_tables")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +272,7 @@ class Ack(_message.Message):
     REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     THROTTLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TABLES_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     seq: int
     accepted: int
@@ -225,7 +280,8 @@ class Ack(_message.Message):
     rejections: _containers.RepeatedCompositeFieldContainer[Rejection]
     duplicate: bool
     throttle_seconds: float
-    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., duplicate: _Optional[bool] = ..., throttle_seconds: _Optional[float] = ...) -> None: ...
+    step_tables: bool
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., duplicate: _Optional[bool] = ..., throttle_seconds: _Optional[float] = ..., step_tables: _Optional[bool] = ...) -> None: ...
 
 class ClockRequest(_message.Message):
     __slots__ = ("agent_time",)

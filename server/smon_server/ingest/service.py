@@ -136,6 +136,7 @@ class IngestService:
             rejections=valid.rejections,
             duplicate=result.duplicate,
             throttle_seconds=max(hold, self.committer.throttle_seconds()),
+            step_tables=True,
         )
 
     def _refuse_whole(self, batch: pb.Batch, reason: str, detail: str) -> pb.Ack:
@@ -144,8 +145,9 @@ class IngestService:
         return pb.Ack(
             agent_id=batch.agent_id,
             seq=batch.seq,
-            rejected=len(batch.steps) + len(batch.gpu_samples),
+            rejected=len(batch.steps) + batch.step_table.records + len(batch.gpu_samples),
             rejections=[pb.Rejection(kind="batch", index=-1, reason=reason, detail=detail)],
+            step_tables=True,
         )
 
     def _count(self, valid: ValidBatch, *, duplicate: bool) -> None:

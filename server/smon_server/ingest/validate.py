@@ -7,7 +7,6 @@ with a machine-readable reason the agent sees in its Ack and the server counts i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +15,8 @@ from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
 from smon.v1 import ingest_pb2 as pb
-from smon_server.columns import spans_from_phases
+from smon_server.ingest import record_columns
+from smon_server.ingest.record_columns import RecordColumns, good_name
 from smon_server.store import codec
 from smon_server.store.rows import StepBlock, ValidBatch
 
@@ -38,10 +38,10 @@ BAD_NAME = "bad_name"
 DUPLICATE_STEP = "duplicate_step"
 NEGATIVE_VALUE = "negative_value"
 BAD_SPAN = "bad_span"  # a micro-batch or chunk number outside what a stored span holds
+BAD_TABLE = "bad_table"  # a StepTable whose columns do not fit together
 
 # Strings of the coordinates and the columns they are stored in (store/models.py Agent).
 COORDINATE_STRINGS = {"host": 256, "gpu_uuid": 128, "agent_version": 64}  # backend: cut to 32
-MAX_NAME_LENGTH = 128
 MAX_JOB_LENGTH = 256
 MAX_CLOCK_OFFSET = 365 * 86_400.0
 # Wall-clock slack for start <= end across two clock reads on the agent.
@@ -101,7 +101,16 @@ def validate_batch(batch: pb.Batch, limits: Limits) -> ValidBatch:
     )
     out.unknown_fields = _count_unknown(batch)
 
-    out.steps, rejected = _step_block(batch.steps, limits, offset)
+    columns = record_columns.from_rows(batch.steps)
+    if batch.HasField("step_table"):
+        try:
+            columns = RecordColumns.concat(columns, record_columns.from_table(batch.step_table))
+        except record_columns.MalformedTable as exc:
+            first = len(batch.steps)
+            out.rejections.extend(
+                _reject("step", first + i, BAD_TABLE, str(exc)) for i in range(batch.step_table.records)
+            )
+    out.steps, rejected = _step_block(columns, limits, offset)
     out.rejections.extend(rejected)
     out.unknown_fields += sum(_count_unknown(record) for record in batch.steps)
     budget = limits.max_batch_records - len(out.steps)
@@ -129,68 +138,43 @@ def _count_unknown(message: Message) -> int:
     return len(unknown_fields.UnknownFieldSet(message))
 
 
-def _step_block(
-    records: Sequence[pb.StepRecord], limits: Limits, offset: float
-) -> tuple[StepBlock, list[pb.Rejection]]:
+def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[StepBlock, list[pb.Rejection]]:
     """The valid records as columns, and a rejection for each other one.
 
     Every check runs on whole columns; a record gets the first reason that applies, in the order
     below, then records past the batch's budget and repeats of a step already kept are refused."""
-    n = len(records)
+    n = len(cols)
     if n == 0:
         return StepBlock.empty(), []
-    step = np.array([r.step for r in records], dtype=np.int64)
-    start = np.array([r.start_time for r in records], dtype=np.float64)
-    end = np.array([r.end_time for r in records], dtype=np.float64)
-    duration = np.array([r.duration for r in records], dtype=np.float64)
-    gc_seconds = np.array([r.gc_seconds for r in records], dtype=np.float64)
-    span_lists = [r.spans for r in records]
-    spans = [s for listed in span_lists for s in listed]
-    span_count = np.array([len(listed) for listed in span_lists], dtype=np.int64)
-    span_record = np.repeat(np.arange(n), span_count)
-    s_start = np.array([s.start for s in spans], dtype=np.float64)
-    s_duration = np.array([s.duration for s in spans], dtype=np.float64)
-    s_microbatch = np.array([s.microbatch if s.HasField("microbatch") else -1 for s in spans], dtype=np.int64)
-    s_chunk = np.array([s.chunk for s in spans], dtype=np.int64)
-    s_kinds = [s.kind for s in spans]
-    phase_maps = [r.phases for r in records]
-    phase_names = [k for p in phase_maps for k in p]  # iterating the map itself stays in C
-    phase_record = np.repeat(np.arange(n), [len(p) for p in phase_maps])
-    p_values = np.array([p[k] for p in phase_maps for k in p], dtype=np.float64)
-    # A sub-message is a new Python object on every access: touch `seq` only where it is set.
-    seqs = {i: r.seq for i, r in enumerate(records) if r.HasField("seq")}
-    sum_sq = np.zeros(n, dtype=np.float64)
-    sum_sq[list(seqs)] = [q.sum_sq for q in seqs.values()]
+    step, start, end, duration, gc_seconds = cols.step, cols.start, cols.end, cols.duration, cols.gc_seconds
+    span_record = cols.span_record
 
     def any_per_record(flags: np.ndarray, owner: np.ndarray) -> np.ndarray:
         return np.bincount(owner[flags], minlength=n) > 0
 
-    names = set(s_kinds).union(phase_names)
-    bad_names = {x for x in names if not x or len(x) > MAX_NAME_LENGTH or "\x00" in x}
     all_finite = np.isfinite(start) & np.isfinite(end) & np.isfinite(duration) & np.isfinite(gc_seconds)
-    negative = (duration < 0) | (gc_seconds < 0)
-    absurd = (duration > limits.max_duration_seconds) | (gc_seconds > limits.max_duration_seconds)
-    for values, owner in ((p_values, phase_record), (s_start, span_record), (s_duration, span_record)):
-        all_finite &= ~any_per_record(~np.isfinite(values), owner)
-    for values, owner in ((p_values, phase_record), (s_duration, span_record)):
-        negative |= any_per_record(values < 0, owner)
-        absurd |= any_per_record(values > limits.max_duration_seconds, owner)
-    bad_span = any_per_record(
-        (s_microbatch < -1)
-        | (s_microbatch > codec.MAX_MICROBATCH)
-        | (s_chunk < 0)
-        | (s_chunk > codec.MAX_CHUNK),
+    all_finite &= ~cols.non_finite
+    for values in (cols.span_start, cols.span_duration):
+        all_finite &= ~any_per_record(~np.isfinite(values), span_record)
+    negative = (
+        (duration < 0)
+        | (gc_seconds < 0)
+        | cols.negative
+        | any_per_record(cols.span_duration < 0, span_record)
+    )
+    limit = limits.max_duration_seconds
+    absurd = (duration > limit) | (gc_seconds > limit) | (cols.over > limit)
+    absurd |= any_per_record(cols.span_duration > limit, span_record)
+    bad_span = cols.bad_span | any_per_record(
+        (cols.span_microbatch < -1)
+        | (cols.span_microbatch > codec.MAX_MICROBATCH)
+        | (cols.span_chunk < 0)
+        | (cols.span_chunk > codec.MAX_CHUNK),
         span_record,
     )
-    microbatch_seq: list[list[pb.MicroBatchSequences]] = [[] for _ in range(n)]
-    for i, record in enumerate(records):
-        if len(record.microbatch_seq):
-            microbatch_seq[i] = list(record.microbatch_seq)
-            bad_span[i] |= any(not -32768 <= m.microbatch <= codec.MAX_MICROBATCH for m in microbatch_seq[i])
-    bad_name = np.zeros(n, dtype=bool)
-    if bad_names:
-        bad_name |= any_per_record(np.array([k in bad_names for k in s_kinds], dtype=bool), span_record)
-        bad_name |= any_per_record(np.array([k in bad_names for k in phase_names], dtype=bool), phase_record)
+    bad_kind = np.array([not good_name(k) for k in cols.kinds], dtype=bool)
+    bad_name = cols.bad_name | any_per_record(bad_kind[cols.span_kind], span_record)
+    sum_sq = cols.sum_sq
 
     checks = (
         (step < 0, NEGATIVE_STEP),
@@ -200,7 +184,7 @@ def _step_block(
         (end + _TIME_SLACK < start, END_BEFORE_START),
         (negative, NEGATIVE_DURATION),
         (absurd, ABSURD_DURATION),
-        (span_count > limits.max_spans_per_step, TOO_MANY_SPANS),
+        (cols.span_count > limits.max_spans_per_step, TOO_MANY_SPANS),
         (bad_name, BAD_NAME),
         (bad_span, BAD_SPAN),
         (~np.isfinite(sum_sq) | (sum_sq < 0), NON_FINITE),
@@ -212,38 +196,35 @@ def _step_block(
             reason[i] = name
         failed |= flags
     # In record order: a valid record is kept while the budget lasts and its step is new.
-    kept_steps: set[int] = set()
-    budget = limits.max_batch_records
-    keep = np.zeros(n, dtype=bool)
-    rejections = []
-    for i, s in enumerate(step.tolist()):
-        why = BATCH_TOO_LARGE if budget <= 0 else reason[i] or (DUPLICATE_STEP if s in kept_steps else None)
-        if why is not None:
-            detail = "over max_batch_records" if why == BATCH_TOO_LARGE else f"step {s}"
-            rejections.append(_reject("step", i, why, detail))
-            continue
-        keep[i] = True
-        kept_steps.add(s)
-        budget -= 1
-
-    # Records with phase totals but no spans get their phases laid end to end as spans.
-    kind_index = {k: i for i, k in enumerate(dict.fromkeys(s_kinds))}
-    kind = list(map(kind_index.__getitem__, s_kinds))
-    rel_start = s_start - start[span_record]
-    extra = [
-        (i, kind_index.setdefault(k, len(kind_index)), a, d)
-        for i in np.flatnonzero(keep & (span_count == 0)).tolist()
-        for k, a, d, _, _ in spans_from_phases(phase_maps[i])
+    ok = ~failed
+    order = np.argsort(step, kind="stable")
+    sorted_steps = step[order]
+    ok_sorted = ok[order]
+    # The first valid record of each step is the one kept; later valid ones are duplicates.
+    first_ok = np.zeros(n, dtype=bool)
+    if n:
+        seen_before = np.zeros(n, dtype=bool)
+        group_start = np.r_[True, sorted_steps[1:] != sorted_steps[:-1]]
+        group_id = np.cumsum(group_start) - 1
+        ok_count_before = np.cumsum(ok_sorted) - ok_sorted
+        group_first_ok = ok_count_before - ok_count_before[np.flatnonzero(group_start)][group_id]
+        seen_before[order] = ok_sorted & (group_first_ok > 0)
+        first_ok = ok & ~seen_before
+    duplicate = ok & ~first_ok
+    keep = first_ok & (np.cumsum(first_ok) <= limits.max_batch_records)
+    rejections = [
+        _reject(
+            "step",
+            i,
+            why,
+            "over max_batch_records" if why == BATCH_TOO_LARGE else f"step {int(step[i])}",
+        )
+        for i in np.flatnonzero(~keep).tolist()
+        for why in (reason[i] or (DUPLICATE_STEP if duplicate[i] else BATCH_TOO_LARGE),)
     ]
-    if extra:
-        e_record, e_kind, e_start, e_duration = (np.array(c) for c in zip(*extra, strict=True))
-        span_record = np.r_[span_record, e_record.astype(np.int64)]
-        kind += e_kind.tolist()
-        rel_start = np.r_[rel_start, e_start.astype(np.float64)]
-        s_duration = np.r_[s_duration, e_duration.astype(np.float64)]
-        s_microbatch = np.r_[s_microbatch, np.full(len(extra), -1, np.int64)]
-        s_chunk = np.r_[s_chunk, np.zeros(len(extra), np.int64)]
+
     span_keep = keep[span_record]
+    rel_start, s_duration = cols.span_start, cols.span_duration
     order = np.lexsort((-s_duration, rel_start, span_record))  # an enclosing span before its contents
     order = order[span_keep[order]]
     kept_records = np.flatnonzero(keep).tolist()
@@ -251,30 +232,21 @@ def _step_block(
         step=step[keep],
         start_time=start[keep] + offset,
         duration=duration[keep],
-        gc_count=np.minimum([r.gc_count for r in records], codec.MAX_GC_COUNT).astype(np.int64)[keep],
+        gc_count=np.minimum(cols.gc_count, codec.MAX_GC_COUNT).astype(np.int64)[keep],
         gc_seconds=gc_seconds[keep],
         span_offsets=np.r_[0, np.cumsum(np.bincount(span_record[order], minlength=n)[keep])].astype(np.int64),
-        kind_names=tuple(kind_index),
-        span_kind=np.asarray(kind, dtype=np.int64)[order],
+        kind_names=tuple(cols.kinds),
+        span_kind=cols.span_kind[order],
         span_start=rel_start[order],
         span_duration=s_duration[order],
-        span_microbatch=s_microbatch[order],
-        span_chunk=s_chunk[order],
+        span_microbatch=cols.span_microbatch[order],
+        span_chunk=cols.span_chunk[order],
         seq_total=[
-            codec.pack_seq_total((q.count, q.max_len, q.tokens, q.sum_sq))
-            if q is not None and q.count
-            else None
-            for q in (seqs.get(i) for i in kept_records)
+            codec.pack_seq_total(q) if q is not None and q[0] else None
+            for q in (cols.seq[i] for i in kept_records)
         ],
         seq_microbatches=[
-            codec.pack_seq_microbatches(
-                [
-                    (m.microbatch, m.seq.count, m.seq.max_len, m.seq.tokens, m.seq.sum_sq)
-                    for m in microbatch_seq[i]
-                ]
-            )
-            if microbatch_seq[i]
-            else None
+            codec.pack_seq_microbatches(cols.microbatch_seq[i]) if cols.microbatch_seq[i] else None
             for i in kept_records
         ],
     )
