@@ -9,6 +9,14 @@ Baseline, measured in the same run on the same database: the path this replaces,
 analysis was one JSONB `result` (its heatmap as JSON lists) that `/summary` and `/jobs` read whole.
 The figures printed are p50 / p99 milliseconds and the ratio to that baseline.
 
+Phase heatmaps (`metric=forward`, `metric=backward`): the big job also gets 500 steps of synthetic
+step records (benchmarks/analysis_pass.synthetic_job), turned into stored phase columns by the
+analysis pass's own code (store/phase_grids.py; the time that adds to a cold pass is printed).
+Their baseline is the path before those columns, timed in-process in the same run: the window's
+raw records read and decoded (`read_window`), the grid built, and the body built cell by cell
+and validated through the pydantic model, as the route did. The slowdown heatmap's baseline is
+that same cell-by-cell body on the stored grid.
+
     .venv/bin/python benchmarks/api_latency.py [--jobs 1000] [--ranks 4096] [--requests 40]
 
 Prints figures, never asserts them.
@@ -23,6 +31,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +41,16 @@ from sqlalchemy import insert, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.bench_db
 from benchmarks.bench_db import fresh_database
+from smon_server.api.schemas import HeatmapOut
+from smon_server.jobs import analysis
 from smon_server.runtime import BackgroundServer
 from smon_server.settings import Settings
-from smon_server.store import grids, migrate
+from smon_server.store import grids, migrate, phase_grids
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, AnalysisResult, Job
+from smon_server.store.queries import StepWindow
+from smon_server.store.step_window import read_window
+from smon_server.views import heatmap as heatmaps
 
 STEPS = 500
 
@@ -215,6 +229,82 @@ def populate(db: Database, jobs: int, big_ranks: int) -> str:
     return big
 
 
+def store_steps(db: Database, url: str, job_id: str, ranks: int) -> tuple[float, float]:
+    """The big job's raw step records (500 synthetic DDP steps), then its phase columns as the
+    analysis pass makes them; returns (seconds turning the records into columns, seconds
+    writing them): what the columns add to a cold pass, which reads the records anyway."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from benchmarks.analysis_pass import COPY_STEPS, KINDS, synthetic_job
+
+    rows = synthetic_job(ranks, STEPS, np.random.default_rng(ranks), time.time() - 3000)
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO span_kinds (code, name) VALUES "
+            + ", ".join(f"({i}, '{k}')" for i, k in enumerate(KINDS))
+        )
+        with conn.cursor().copy(COPY_STEPS) as copy:
+            for row in rows:
+                copy.write_row(row)
+        conn.execute("ANALYZE step_records")
+    del rows
+    collector = phase_grids.Collector()
+    build = 0.0
+    with db.transaction() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        for a in range(-1, STEPS, 64):  # as a cold pass reads: 64 steps at a time
+            records = read_window(session=session, job=job, from_step=a, to_step=a + 63)
+            started = time.perf_counter()
+            collector.add(records, a)
+            build += time.perf_counter() - started
+        update = collector.update(0)
+        assert update is not None
+        started = time.perf_counter()
+        phase_grids.write(session, job.key, update)
+        write = time.perf_counter() - started
+    return build, write
+
+
+def old_phase_heatmap(db: Database, job_id: str, metric: str) -> bytes:
+    """The route before the stored columns: the window's raw records, a body cell by cell."""
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        grid = analysis._raw_phase_grid(session, job, metric, 0, STEPS - 1, None, None)
+    body = heatmaps.downsample(grid, max_ranks=512, max_steps=512)
+    return HeatmapOut(job_id=job_id, metric=metric, **body).model_dump_json().encode()
+
+
+def old_slowdown_body(db: Database, job_id: str) -> bytes:
+    """The slowdown heatmap's route before the array-built body (the same stored grid)."""
+    with db.session() as session:
+        blob = session.get(AnalysisResult, job_id)
+        assert blob is not None
+        grid = grids.unpack(blob.heatmap)
+    body = heatmaps.downsample(grid, max_ranks=512, max_steps=512)
+    return HeatmapOut(job_id=job_id, metric="slowdown", **body).model_dump_json().encode()
+
+
+def new_heatmap(db: Database, job_id: str, metric: str) -> bytes:
+    """The route's work now, in-process (the same as the old path's figure measures)."""
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        if metric == "slowdown":
+            blob = session.get(AnalysisResult, job_id)
+            assert blob is not None
+            grid = grids.unpack(blob.heatmap)
+        else:
+            grid = analysis.phase_heatmap(
+                session=session, job=job, metric=metric, window=StepWindow(), default_last=STEPS
+            )
+    grid = heatmaps.select(grid, from_rank=None, to_rank=None, from_step=None, to_step=None)
+    return heatmaps.response_json(grid, job_id=job_id, metric=metric, max_ranks=512, max_steps=512)
+
+
 def timed(fn: Callable[[], Any], n: int, warm: int = 3) -> list[float]:
     for _ in range(warm):
         fn()
@@ -236,6 +326,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--ranks", type=int, default=4096)
     ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--old-runs", type=int, default=3, help="runs of the old phase path (~10 s each)")
     args = ap.parse_args()
     with fresh_database("smon_bench_api") as url:
         db = Database(url)
@@ -244,6 +335,24 @@ def main() -> int:
         big = populate(db, args.jobs, args.ranks)
         print(f"stored {args.jobs + 1} jobs in {time.monotonic() - started:.0f} s", file=sys.stderr)
         heat_bytes = len(grids.pack(views(big, args.ranks, np.random.default_rng(0), 0)["grid"]))
+        started = time.monotonic()
+        build_s, write_s = store_steps(db, url, big, args.ranks)
+        print(
+            f"stored {args.ranks} x {STEPS} step records in {time.monotonic() - started:.0f} s",
+            file=sys.stderr,
+        )
+        with db.session() as session:
+            phase_bytes = session.execute(text("SELECT pg_total_relation_size('phase_columns')")).scalar_one()
+        # The old phase path, in-process on the same database (seconds a request: few runs).
+        old_phase = {
+            m: timed(partial(old_phase_heatmap, db, big, m), args.old_runs, warm=1)
+            for m in ("forward", "backward")
+        }
+        old_slowdown = timed(lambda: old_slowdown_body(db, big), max(5, args.requests // 4), warm=1)
+        in_process = [
+            (f"in-process heatmap?metric={m}", timed(partial(new_heatmap, db, big, m), args.requests), base)
+            for m, base in (("slowdown", old_slowdown), ("forward", old_phase["forward"]))
+        ]
 
         rows: list[tuple[str, list[float], list[float] | None]] = []
         # Baselines: the replaced path read the whole JSONB result (and /jobs every job's).
@@ -299,18 +408,46 @@ def main() -> int:
             rows.append(
                 (
                     f"GET /heatmap ({args.ranks}x{STEPS} -> 512x500)",
-                    timed(get(f"/api/v1/jobs/{big}/heatmap"), n // 2),
-                    old_one,
+                    timed(get(f"/api/v1/jobs/{big}/heatmap"), n),
+                    old_slowdown,
                 )
             )
             rows.append(
                 (
                     "GET /heatmap zoom 64 ranks",
                     timed(get(f"/api/v1/jobs/{big}/heatmap", from_rank=1000, to_rank=1063), n // 2),
-                    old_one,
+                    old_slowdown,
+                )
+            )
+            for m in ("forward", "backward"):
+                rows.append(
+                    (
+                        f"GET /heatmap?metric={m} ({args.ranks}x{STEPS})",
+                        timed(get(f"/api/v1/jobs/{big}/heatmap", metric=m), n),
+                        old_phase[m],
+                    )
+                )
+            rows.append(
+                (
+                    "GET /heatmap?metric=forward zoom 64 ranks",
+                    timed(
+                        get(f"/api/v1/jobs/{big}/heatmap", metric="forward", from_rank=1000, to_rank=1063), n
+                    ),
+                    old_phase["forward"],
+                )
+            )
+            rows.append(
+                (
+                    "GET /heatmap?metric=step_time steps 100-149",
+                    timed(
+                        get(f"/api/v1/jobs/{big}/heatmap", metric="step_time", from_step=100, to_step=149), n
+                    ),
+                    None,
                 )
             )
             heat_body = len(h.get(f"/api/v1/jobs/{big}/heatmap").content)
+            rows.extend(in_process)
+            forward_body = len(h.get(f"/api/v1/jobs/{big}/heatmap", params={"metric": "forward"}).content)
 
     print(
         f"API latency, {args.jobs} jobs x 64 ranks + one {args.ranks}-rank job, "
@@ -331,6 +468,15 @@ def main() -> int:
     print(
         f"heatmap stored: {heat_bytes / 1e6:.1f} MB float32; "
         f"served downsampled: {heat_body / 1e6:.2f} MB JSON"
+    )
+    print(
+        f"phase heatmap baselines: the old path in-process ({args.old_runs} runs each); slowdown heatmap "
+        f"baseline: the cell-by-cell body on the stored grid, in-process"
+    )
+    print(
+        f"phase columns: {phase_bytes / 1e6:.1f} MB stored for the window (all metrics); a cold pass "
+        f"spends {build_s:.2f} s making them and {write_s:.2f} s writing them; "
+        f"metric=forward served: {forward_body / 1e6:.2f} MB JSON"
     )
     return 0
 

@@ -87,6 +87,7 @@ def response_json(
         "downsampled": downsampled,
         "rank_ranges": _ranges(grid.ranks, r_edges) if downsampled else None,
         "step_ranges": _ranges(grid.steps, s_edges) if downsampled else None,
+        "values_f32": None,
     }
     if encoding == "f32":
         # The cells as float32 bytes (row-major, little-endian, NaN for none), base64: a
