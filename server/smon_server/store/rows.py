@@ -114,7 +114,9 @@ class ValidBatch:
         b = self.steps
         for column in (b.step, b.start_time, b.duration, b.span_offsets, b.span_start, b.span_duration):
             h.update(np.ascontiguousarray(column).tobytes())
-        h.update("\x00".join(b.kind_names[k] for k in b.span_kind.tolist()).encode())
+        # Each span's kind name, hashed as its index into the block's names plus the names once.
+        h.update(np.ascontiguousarray(b.span_kind, dtype="<i8").tobytes())
+        h.update("\x00".join(b.kind_names).encode())
         for sample in self.gpu_samples:
             h.update(repr((sample["gpu_index"], sample["time"])).encode())
         return int.from_bytes(h.digest(), "little", signed=True)

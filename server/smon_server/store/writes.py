@@ -13,6 +13,7 @@ record is still stored once.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from smon.v1 import ingest_pb2 as pb
-from smon_server.store import codec
+from smon_server.store import codec, copy_binary
 from smon_server.store.codec import MAX_KINDS
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, Base, GpuSample, IngestedBatch, Job, StepRecord
@@ -35,6 +36,11 @@ from smon_server.store.rows import StepBlock, ValidBatch
 _JSON_COLUMNS = {"xid_events"}
 TOO_MANY_KINDS = "too_many_kinds"
 STEP_COLUMNS = [c.name for c in StepRecord.__table__.columns]
+# The order `_step_rows` makes rows in and store/copy_binary.py writes them (checked here, once).
+assert STEP_COLUMNS == [
+    "job_key", "step", "rank", "start_time", "duration", "agent_key",
+    "gc_count", "gc_seconds", "spans", "seq_total", "seq_microbatches",
+], STEP_COLUMNS  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -65,13 +71,9 @@ def write_batches(db: Database, batches: Sequence[ValidBatch], now: float) -> li
         if stored:
             job_keys = _upsert_jobs(session, dialect, stored, now)
             agent_keys = _upsert_agents(session, dialect, stored, now)
-            rows = [
-                row
-                for b in stored
-                for row in _step_rows(b, codes, job_keys[b.job_id], agent_keys[b.agent_id])
-            ]
-            if rows:
-                _insert_steps(session, dialect, rows)
+            with_steps = [(b, job_keys[b.job_id], agent_keys[b.agent_id]) for b in stored if len(b.steps)]
+            if with_steps:
+                _insert_steps(session, dialect, with_steps, codes)
             samples = [row for b in stored for row in b.gpu_samples]
             if samples:
                 _insert_ignoring_conflicts(session, dialect, GpuSample, samples)
@@ -112,14 +114,7 @@ def _step_rows(
     block: StepBlock = batch.steps
     if not len(block):
         return iter(())
-    code_of = np.array([codes.get(name, 0) for name in block.kind_names] or [0], dtype=np.int64)
-    packed = codec.pack_span_columns(
-        code_of[block.span_kind],
-        block.span_microbatch,
-        block.span_chunk,
-        block.span_start,
-        block.span_duration,
-    )
+    packed = _packed_spans(block, codes)
     edges = (block.span_offsets * codec.SPAN.itemsize).tolist()
     spans = [packed[a:b] for a, b in pairwise(edges)]
     return zip(
@@ -134,6 +129,18 @@ def _step_rows(
         spans,
         block.seq_total,
         block.seq_microbatches,
+    )
+
+
+def _packed_spans(block: StepBlock, codes: dict[str, int]) -> bytes:
+    """Every record's spans back to back, kinds as their stored codes (store/codec.py)."""
+    code_of = np.array([codes.get(name, 0) for name in block.kind_names] or [0], dtype=np.int64)
+    return codec.pack_span_columns(
+        code_of[block.span_kind],
+        block.span_microbatch,
+        block.span_chunk,
+        block.span_start,
+        block.span_duration,
     )
 
 
@@ -247,21 +254,24 @@ def _upsert_jobs(session: Session, dialect: str, batches: Sequence[ValidBatch], 
             }
         )
 
-    def statement() -> Any:
-        stmt = _dialect_insert(dialect, Job)
-        excluded = stmt.excluded
-        update: dict[str, Any] = {
-            "last_seen": _greatest(dialect, Job.last_seen, excluded.last_seen),
-            "world_size": _greatest(dialect, Job.world_size, excluded.world_size),
-            "dp_size": _greatest(dialect, Job.dp_size, excluded.dp_size),
-            "pp_size": _greatest(dialect, Job.pp_size, excluded.pp_size),
-            "tp_size": _greatest(dialect, Job.tp_size, excluded.tp_size),
-            "last_step": _greatest(dialect, Job.last_step, excluded.last_step),
-            "last_step_seen": _greatest(dialect, Job.last_step_seen, excluded.last_step_seen),
-        }
-        return stmt.on_conflict_do_update(index_elements=[Job.job_id], set_=update)
+    return _upsert_rows(session, dialect, Job, rows, lambda: _job_upsert(dialect))
 
-    return _upsert_rows(session, dialect, Job, rows, statement)
+
+@functools.cache
+def _job_upsert(dialect: str) -> Any:
+    """Built once per dialect: building it took longer than running it for a group."""
+    stmt = _dialect_insert(dialect, Job)
+    excluded = stmt.excluded
+    update: dict[str, Any] = {
+        "last_seen": _greatest(dialect, Job.last_seen, excluded.last_seen),
+        "world_size": _greatest(dialect, Job.world_size, excluded.world_size),
+        "dp_size": _greatest(dialect, Job.dp_size, excluded.dp_size),
+        "pp_size": _greatest(dialect, Job.pp_size, excluded.pp_size),
+        "tp_size": _greatest(dialect, Job.tp_size, excluded.tp_size),
+        "last_step": _greatest(dialect, Job.last_step, excluded.last_step),
+        "last_step_seen": _greatest(dialect, Job.last_step_seen, excluded.last_step_seen),
+    }
+    return stmt.on_conflict_do_update(index_elements=[Job.job_id], set_=update)
 
 
 def _upsert_agents(
@@ -311,34 +321,43 @@ def _upsert_agents(
             )
         rows.append(row)
 
-    def statement() -> Any:
-        stmt = _dialect_insert(dialect, Agent)
-        excluded = stmt.excluded
-        update: dict[str, Any] = {
-            "last_seen": _greatest(dialect, Agent.last_seen, excluded.last_seen),
-            "clock_offset": excluded.clock_offset,
-            "host": excluded.host,
-            "gpu_uuid": excluded.gpu_uuid,
-            # Counters are cumulative on the agent; a resent older batch must not move them back.
-            "dropped_records": _greatest(dialect, Agent.dropped_records, excluded.dropped_records),
-            "errors": _greatest(dialect, Agent.errors, excluded.errors),
-            "first_step": _greatest(dialect, Agent.first_step, excluded.first_step, least=True),
-            "final": Agent.final | excluded.final,
-        }
-        # Only a newer heartbeat replaces the stored one (batches may arrive out of order).
-        newer = excluded.hb_time.is_not(None) & (func.coalesce(Agent.hb_time, 0.0) <= excluded.hb_time)
-        for column in ("hb_time", "hb_last_step", "hb_current_step", "hb_phase", "hb_phase_since"):
-            update[column] = case((newer, getattr(excluded, column)), else_=getattr(Agent, column))
-        return stmt.on_conflict_do_update(index_elements=[Agent.agent_id], set_=update)
-
-    return _upsert_rows(session, dialect, Agent, rows, statement)
+    return _upsert_rows(session, dialect, Agent, rows, lambda: _agent_upsert(dialect))
 
 
-def _insert_steps(session: Session, dialect: str, rows: list[tuple[Any, ...]]) -> None:
+@functools.cache
+def _agent_upsert(dialect: str) -> Any:
+    stmt = _dialect_insert(dialect, Agent)
+    excluded = stmt.excluded
+    update: dict[str, Any] = {
+        "last_seen": _greatest(dialect, Agent.last_seen, excluded.last_seen),
+        "clock_offset": excluded.clock_offset,
+        "host": excluded.host,
+        "gpu_uuid": excluded.gpu_uuid,
+        # Counters are cumulative on the agent; a resent older batch must not move them back.
+        "dropped_records": _greatest(dialect, Agent.dropped_records, excluded.dropped_records),
+        "errors": _greatest(dialect, Agent.errors, excluded.errors),
+        "first_step": _greatest(dialect, Agent.first_step, excluded.first_step, least=True),
+        "final": Agent.final | excluded.final,
+    }
+    # Only a newer heartbeat replaces the stored one (batches may arrive out of order).
+    newer = excluded.hb_time.is_not(None) & (func.coalesce(Agent.hb_time, 0.0) <= excluded.hb_time)
+    for column in ("hb_time", "hb_last_step", "hb_current_step", "hb_phase", "hb_phase_since"):
+        update[column] = case((newer, getattr(excluded, column)), else_=getattr(Agent, column))
+    return stmt.on_conflict_do_update(index_elements=[Agent.agent_id], set_=update)
+
+
+def _insert_steps(
+    session: Session, dialect: str, batches: list[tuple[ValidBatch, int, int]], codes: dict[str, int]
+) -> None:
+    """The batches' step records, with their (job key, agent key)."""
+
+    def rows() -> list[tuple[Any, ...]]:
+        return [row for b, job_key, agent_key in batches for row in _step_rows(b, codes, job_key, agent_key)]
+
     if dialect != "postgresql":
         session.execute(
             insert(StepRecord).prefix_with("OR IGNORE"),
-            [dict(zip(STEP_COLUMNS, r, strict=True)) for r in rows],
+            [dict(zip(STEP_COLUMNS, r, strict=True)) for r in rows()],
         )
         return
     driver = session.connection().connection.driver_connection
@@ -349,12 +368,32 @@ def _insert_steps(session: Session, dialect: str, rows: list[tuple[Any, ...]]) -
         # the COPY alone.
         with (
             driver.transaction(),
-            driver.cursor().copy(f"COPY step_records ({column_list}) FROM STDIN") as copy,
+            driver.cursor().copy(f"COPY step_records ({column_list}) FROM STDIN (FORMAT BINARY)") as copy,
         ):
-            for row in rows:
-                copy.write_row(row)
+            copy.write(copy_binary.HEADER)
+            for batch, job_key, agent_key in batches:
+                copy.write(_binary_rows(batch, codes, job_key, agent_key))
+            copy.write(copy_binary.TRAILER)
     except psycopg.errors.UniqueViolation:
-        _copy_insert(session, "step_records", STEP_COLUMNS, rows)
+        _copy_insert(session, "step_records", STEP_COLUMNS, rows())
+
+
+def _binary_rows(batch: ValidBatch, codes: dict[str, int], job_key: int, agent_key: int) -> bytes:
+    block = batch.steps
+    return copy_binary.step_rows(
+        job_key=job_key,
+        agent_key=agent_key,
+        rank=batch.coords.rank,
+        step=block.step,
+        start_time=block.start_time,
+        duration=block.duration,
+        gc_count=block.gc_count,
+        gc_seconds=block.gc_seconds,
+        spans=_packed_spans(block, codes),
+        span_bytes=np.diff(block.span_offsets) * codec.SPAN.itemsize,
+        seq_total=block.seq_total,
+        seq_microbatches=block.seq_microbatches,
+    )
 
 
 def _insert_ignoring_conflicts(
