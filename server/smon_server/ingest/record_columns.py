@@ -89,6 +89,8 @@ def from_rows(records: Sequence[pb.StepRecord]) -> RecordColumns:
     """The message form. Records that report phase totals but no spans get their phases laid end
     to end as spans (a client without span timing)."""
     n = len(records)
+    if n == 0 and _EMPTY is not None:  # batches that carry a StepTable have no messages
+        return _EMPTY
     step = np.array([r.step for r in records], dtype=np.int64)
     start = np.array([r.start_time for r in records], dtype=np.float64)
     span_lists = [r.spans for r in records]
@@ -172,6 +174,10 @@ def from_rows(records: Sequence[pb.StepRecord]) -> RecordColumns:
         seq=seq,
         microbatch_seq=microbatch_seq,
     )
+
+
+_EMPTY: RecordColumns | None = None
+_EMPTY = from_rows([])
 
 
 def good_name(name: str) -> bool:

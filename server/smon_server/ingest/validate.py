@@ -190,11 +190,13 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
         (~np.isfinite(sum_sq) | (sum_sq < 0), NON_FINITE),
     )
     reason: list[str | None] = [None] * n
-    failed = np.zeros(n, dtype=bool)
-    for flags, name in checks:
-        for i in np.flatnonzero(flags & ~failed).tolist():
-            reason[i] = name
-        failed |= flags
+    failed = np.logical_or.reduce([flags for flags, _ in checks])
+    if failed.any():  # name the first reason of each failed record (most batches have none)
+        failed = np.zeros(n, dtype=bool)
+        for flags, name in checks:
+            for i in np.flatnonzero(flags & ~failed).tolist():
+                reason[i] = name
+            failed |= flags
     # In record order: a valid record is kept while the budget lasts and its step is new.
     ok = ~failed
     order = np.argsort(step, kind="stable")
