@@ -40,11 +40,10 @@ import numpy as np
 from sqlalchemy import insert, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.bench_db
-from benchmarks.bench_db import fresh_database
+from benchmarks.bench_db import fresh_database, loopback_settings
 from smon_server.api.schemas import HeatmapOut
 from smon_server.jobs import analysis
 from smon_server.runtime import BackgroundServer
-from smon_server.settings import Settings
 from smon_server.store import grids, migrate, phase_grids
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, AnalysisResult, Job
@@ -369,14 +368,7 @@ def main() -> int:
             ).scalar_one()
         db.dispose()
 
-        settings = Settings(
-            database_url=url,
-            http_host="127.0.0.1",
-            http_port=0,
-            grpc_host="127.0.0.1",
-            grpc_port=0,
-            analysis_interval=3600,
-        )
+        settings = loopback_settings(url)
         with BackgroundServer(settings) as server, httpx.Client(base_url=server.http_url, timeout=120) as h:
 
             def get(path: str, **params: Any) -> Callable[[], Any]:

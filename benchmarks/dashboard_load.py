@@ -32,10 +32,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.*
 from benchmarks.api_latency import populate
-from benchmarks.bench_db import fresh_database
+from benchmarks.bench_db import fresh_database, loopback_settings
 from smon_server import dashboard
 from smon_server.runtime import BackgroundServer
-from smon_server.settings import Settings
 from smon_server.store import migrate
 from smon_server.store.db import Database
 
@@ -95,14 +94,7 @@ def main() -> int:
         migrate.upgrade(db)
         big = populate(db, args.jobs, args.ranks)
         db.dispose()
-        settings = Settings(
-            database_url=url,
-            http_host="127.0.0.1",
-            http_port=0,
-            grpc_host="127.0.0.1",
-            grpc_port=0,
-            analysis_interval=3600,
-        )
+        settings = loopback_settings(url)
         with BackgroundServer(settings) as server, sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium)
             page_url = f"{server.http_url}/jobs/{quote(big, safe='')}"
