@@ -369,7 +369,10 @@ def main() -> int:
         db.dispose()
 
         settings = loopback_settings(url)
-        with BackgroundServer(settings) as server, httpx.Client(base_url=server.http_url, timeout=120) as h:
+        with (
+            BackgroundServer(settings, freeze_heap=True) as server,
+            httpx.Client(base_url=server.http_url, timeout=120) as h,
+        ):
 
             def get(path: str, **params: Any) -> Callable[[], Any]:
                 def call() -> Any:

@@ -35,4 +35,4 @@ def loopback_settings(database_url: str, **overrides: object) -> Settings:
         "analysis_interval": 3600,
     }
     values.update(overrides)
-    return Settings(**values)
+    return Settings(**values)  # type: ignore[arg-type]

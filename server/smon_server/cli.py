@@ -32,7 +32,7 @@ def cmd_server(args: argparse.Namespace) -> int:
         f"database {_redact(settings.database_url)}",
         flush=True,
     )
-    asyncio.run(serve(settings))
+    asyncio.run(serve(settings, freeze_heap=True))
     return 0
 
 
