@@ -78,3 +78,28 @@ def test_a_job_id_with_slashes_is_reachable(server: BackgroundServer, client: ht
     assert client.get(f"/jobs/{quoted}/workers/0").json()["rank"] == 0
     listed = [j["job_id"] for j in client.get("/jobs", params={"q": "team/"}).json()["jobs"]]
     assert listed == [job]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/jobs/a%00b/summary", None),
+        ("GET", "/jobs/a%00b/workers/0", None),
+        ("GET", "/jobs?q=a%00b", None),
+        ("GET", "/jobs?job_id=%00", None),
+        ("GET", "/alerts?job=a%00b", None),
+        ("GET", "/jobs/{job}/heatmap?metric=for%00ward", None),
+        ("POST", "/silences", {"matchers": {"job": "a\x00b"}, "duration_seconds": 60}),
+        ("POST", "/silences", {"matchers": {"job": "a"}, "duration_seconds": 60, "comment": "\x00"}),
+    ],
+)
+def test_a_nul_character_anywhere_is_a_422(
+    server: BackgroundServer, client: httpx.Client, method: str, path: str, body: object
+) -> None:
+    """PostgreSQL cannot hold or even compare text with a NUL: a 422 that says so, not a 500."""
+    job = f.new_job_id()
+    push_job(server, job)
+    response = client.request(method, path.format(job=job), json=body)
+    assert response.status_code == 422, response.text
+    assert "NUL" in response.text or "x00" in response.text
+    assert client.get("/jobs", params={"job_id": job}).json()["total"] == 1  # the exact filter

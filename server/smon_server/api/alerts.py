@@ -77,17 +77,24 @@ class AlertDetailOut(AlertOut):
     notifications: list[NotificationOut] = Field(description="every message sent or being retried")
 
 
+# Text that reaches a PostgreSQL text column: no NUL (the database refuses it outright).
+_NO_NUL = r"^[^\x00]*$"
+Pattern = Annotated[str, Field(max_length=256, pattern=_NO_NUL)]
+
+
 class AckIn(BaseModel):
-    by: str = Field("", max_length=256, description="who acknowledges (shown with the alert)")
+    by: str = Field(
+        "", max_length=256, pattern=_NO_NUL, description="who acknowledges (shown with the alert)"
+    )
 
 
 class SilenceIn(BaseModel):
-    matchers: dict[Literal["job", "rule", "host"], str] = Field(
+    matchers: dict[Literal["job", "rule", "host"], Pattern] = Field(
         min_length=1, description="fnmatch patterns on the alert's labels, all of which must match"
     )
     duration_seconds: float = Field(gt=0, le=90 * 86400)
-    created_by: str = Field("", max_length=256)
-    comment: str = Field("", max_length=1024)
+    created_by: str = Field("", max_length=256, pattern=_NO_NUL)
+    comment: str = Field("", max_length=1024, pattern=_NO_NUL)
 
 
 class SilenceOut(BaseModel):

@@ -53,6 +53,7 @@ def list_jobs(
     state: Annotated[JobState | None, Query(description="only jobs in this state")] = None,
     straggling: Annotated[bool | None, Query(description="only jobs with S >= 1.1 (or below)")] = None,
     q: Annotated[str | None, Query(max_length=256, description="job id contains this")] = None,
+    job_id: Annotated[str | None, Query(max_length=256, description="exactly this job")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_STEP)] = 0,
 ) -> JobsOut:
@@ -66,6 +67,7 @@ def list_jobs(
         slowdown_at_least=STRAGGLING if straggling is True else None,
         slowdown_below=STRAGGLING if straggling is False else None,
         contains=q,
+        job_id=job_id,
         limit=limit,
         offset=offset,
     )

@@ -55,6 +55,7 @@ def job_page(
     slowdown_at_least: float | None = None,
     slowdown_below: float | None = None,
     contains: str | None = None,
+    job_id: str | None = None,
     seen_since: float | None = None,
     limit: int | None = 100,
     offset: int = 0,
@@ -70,6 +71,8 @@ def job_page(
         filters.append(or_(AnalysisResult.slowdown.is_(None), AnalysisResult.slowdown < slowdown_below))
     if contains:
         filters.append(Job.job_id.contains(contains, autoescape=True))
+    if job_id is not None:
+        filters.append(Job.job_id == job_id)
     if seen_since is not None:
         filters.append(Job.last_seen >= seen_since)
     newest_first = (Job.last_seen.desc(), Job.job_id)

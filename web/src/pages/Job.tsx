@@ -41,7 +41,7 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
     analyseRange ? 0 : every,
   );
   const job = usePoll(
-    () => request<JobsPage>("/jobs", { q: jobId, limit: 1000 }).then((p) => p.jobs.find((j) => j.job_id === jobId) ?? null),
+    () => request<JobsPage>("/jobs", { job_id: jobId, limit: 1 }).then((p) => p.jobs[0] ?? null),
     jobId,
     every,
   );
