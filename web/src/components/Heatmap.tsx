@@ -135,6 +135,7 @@ export function Heatmap({ data, ranks, groupByHost, format, onRow, onSteps, heig
     c.dataset.plot = JSON.stringify(plot);
     c.dataset.metric = data.metric;
     c.dataset.steps = nCols ? `${data.step_ranges?.[0]?.[0] ?? data.steps[0]},${data.step_ranges?.[nCols - 1]?.[1] ?? data.steps[nCols - 1]}` : "";
+    performance.clearMarks("smon:heatmap-drawn"); // one per draw would pile up over a day of refreshes
     performance.mark("smon:heatmap-drawn", { detail: { rows: nRows, cols: nCols } });
   }, [data, rows, scale, width, height, groupByHost]);
 
