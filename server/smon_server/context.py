@@ -28,6 +28,8 @@ class ServerContext:
     storage_maintained_at: float = field(default=0.0, init=False)
     # Where job analyses run (jobs/workers.py); None: in this process.
     workers: AnalysisWorkers | None = field(default=None, init=False)
+    # The gRPC port agents reach, once bound (settings may say 0: a free one).
+    grpc_port: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.alert_rules = load_rules(self.settings.alert_rules)  # a bad file fails at start

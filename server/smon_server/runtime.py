@@ -86,6 +86,7 @@ async def serve(
     else:
         grpc_port = grpc_server.add_insecure_port(address)
     await grpc_server.start()
+    context.grpc_port = grpc_port
 
     config = uvicorn.Config(
         create_app(context),

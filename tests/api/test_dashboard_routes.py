@@ -78,7 +78,8 @@ def test_info_and_ranks(database_url: str) -> None:
         info = httpx.get(server.http_url + "/api/v1/info").json()
         assert info["gpu_hour_price"] == 2.5
         assert info["grafana_url"] == "https://grafana.example/"
-        assert info["ingest_address"] == f"smon.example:{server.settings.grpc_port}"
+        assert server.ports is not None
+        assert info["ingest_address"] == f"smon.example:{server.ports.grpc}"
         assert {"forward", "backward", "grad_sync", "other", "gc"} <= set(info["phases"])
 
         assert server.context is not None

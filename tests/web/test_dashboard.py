@@ -307,6 +307,8 @@ def test_token_is_asked_once_and_an_empty_server_says_how_to_attach(
         page.get_by_role("button", name="Continue").click()
         page.get_by_test_id("no-jobs").wait_for(timeout=30_000)
         assert "smon.attach" in page.get_by_test_id("no-jobs").inner_text()
+        assert server.ports is not None  # the address agents send to, as bound
+        assert f"SMON_SERVER=localhost:{server.ports.grpc} " in page.get_by_test_id("no-jobs").inner_text()
         screenshot(page, "empty")
         # Kept for the session: another page of the same tab does not ask again.
         page.goto(server.http_url + "/alerts")

@@ -18,7 +18,8 @@ export function hours(h: number | null | undefined): string {
 }
 
 export function money(amount: number): string {
-  return amount.toLocaleString(undefined, { style: "currency", currency: "USD", maximumFractionDigits: 0 });
+  const digits = amount >= 100 ? 0 : 2; // $12,345 but $0.75, not $1
+  return amount.toLocaleString(undefined, { style: "currency", currency: "USD", minimumFractionDigits: digits, maximumFractionDigits: digits });
 }
 
 export function seconds(s: number | null | undefined): string {

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from smon_server import __version__
-from smon_server.api.deps import ApiTokenDep, SettingsDep
+from smon_server.api.deps import ApiTokenDep, ContextDep, SettingsDep
 
 router = APIRouter(prefix="/api/v1", tags=["info"])
 
@@ -39,7 +39,7 @@ class InfoOut(BaseModel):
 
 
 @router.get("/info", response_model=InfoOut)
-def info(settings: SettingsDep, _auth: ApiTokenDep) -> InfoOut:
+def info(settings: SettingsDep, context: ContextDep, _auth: ApiTokenDep) -> InfoOut:
     host = urlsplit(settings.public_url).hostname or "localhost"
     return InfoOut(
         version=__version__,
@@ -48,6 +48,6 @@ def info(settings: SettingsDep, _auth: ApiTokenDep) -> InfoOut:
         analysis_interval=settings.analysis_interval,
         stall_seconds=settings.stall_seconds,
         warmup_steps=settings.warmup_steps,
-        ingest_address=f"{host}:{settings.grpc_port}",
+        ingest_address=f"{host}:{context.grpc_port or settings.grpc_port}",
         phases=STANDARD_PHASES,
     )
