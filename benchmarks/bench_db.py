@@ -11,6 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.databases
 from smon_server.settings import Settings
+from tests.conftest import server_settings
 from tests.databases import fresh_database as _fresh
 
 ADMIN_URL = os.environ.get("SMON_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -24,15 +25,6 @@ def fresh_database(prefix: str) -> Iterator[str]:
 
 
 def loopback_settings(database_url: str, **overrides: object) -> Settings:
-    """A server on loopback ports of the OS's choosing whose analysis passes run only when the
-    benchmark says so."""
-    values: dict[str, object] = {
-        "database_url": database_url,
-        "http_host": "127.0.0.1",
-        "http_port": 0,
-        "grpc_host": "127.0.0.1",
-        "grpc_port": 0,
-        "analysis_interval": 3600,
-    }
-    values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
+    """The tests' loopback server (ports of the OS's choosing), with analysis passes run only
+    when the benchmark says so and analyses in worker processes, as `smon server` runs them."""
+    return server_settings(database_url, **{"analysis_interval": 3600, "analysis_workers": None, **overrides})
