@@ -447,11 +447,14 @@ class Shipper:
         object per record and span."""
         if not self._step_tables or not steps:
             return steps, None
-        tabled = [r for r in steps if table.in_table(r)]
+        tabled: list[pb.StepRecord] = []
+        rows: list[pb.StepRecord] = []
+        for record in steps:
+            (tabled if table.in_table(record) else rows).append(record)
         if not tabled:
             return steps, None
         try:
-            return [r for r in steps if not table.in_table(r)], table.to_table(tabled)
+            return rows, table.to_table(tabled)
         except (OverflowError, ValueError) as exc:  # a value past its column's type: send messages
             self._errors.report("step_table", exc)
             return steps, None

@@ -9,22 +9,13 @@ from pydantic import BaseModel, Field
 
 from smon_server import __version__
 from smon_server.api.deps import ApiTokenDep, ContextDep, SettingsDep
+from smon_server.columns import PHASE_ORDER
 
 router = APIRouter(prefix="/api/v1", tags=["info"])
 
-# The phases agents report on their own (DESIGN §4), as heatmap metrics; `other` is the untimed
-# host work of a step and `gc` its GC pauses. Custom phases are heatmap metrics too.
-STANDARD_PHASES = [
-    "data_wait",
-    "h2d",
-    "forward",
-    "backward",
-    "grad_sync",
-    "optimizer",
-    "checkpoint",
-    "other",
-    "gc",
-]
+# The phases agents report on their own (DESIGN §4) as heatmap metrics, then `other` (a step's
+# untimed host work) and `gc` (its GC pauses). Custom phases are heatmap metrics too.
+STANDARD_PHASES = [*PHASE_ORDER, "other", "gc"]
 
 
 class InfoOut(BaseModel):

@@ -14,6 +14,8 @@ from smon_server.api.schemas import (
     HeatmapOut,
     JobOut,
     JobsOut,
+    RankOut,
+    RanksOut,
     StepOut,
     StepsOut,
     SummaryOut,
@@ -251,6 +253,28 @@ def workers(
     job = _job_or_404(db, job_id)
     result = _analysis(db, context, job, window, "workers")
     return WorkersOut(job_id=job_id, **(result["workers"] or {"dp_ranks": [], "stages": [], "values": []}))
+
+
+@router.get("/jobs/{job_id:path}/ranks", response_model=RanksOut)
+def ranks(job_id: str, db: DbDep, _auth: ApiTokenDep) -> RanksOut:
+    """Where each rank runs (its newest agent: a restarted rank reports under a new one), so a
+    view can group ranks by host."""
+    _job_or_404(db, job_id)
+    return RanksOut(
+        job_id=job_id,
+        ranks=[
+            RankOut(
+                rank=a.rank,
+                host=a.host,
+                local_rank=a.local_rank,
+                dp_rank=a.dp_rank,
+                stage=a.pp_rank,
+                tp_rank=a.tp_rank,
+                gpu_uuid=a.gpu_uuid,
+            )
+            for a in queries.job_agents(session=db, job_id=job_id)
+        ],
+    )
 
 
 @router.get("/jobs/{job_id:path}/workers/{rank}", response_model=WorkerOut)

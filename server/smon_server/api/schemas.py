@@ -154,6 +154,21 @@ class WorkersOut(BaseModel):
     values: list[list[float | None]] = Field(description="S_w: values[i][j] for dp_ranks[i], stages[j]")
 
 
+class RankOut(BaseModel):
+    rank: int
+    host: str
+    local_rank: int
+    dp_rank: int
+    stage: int
+    tp_rank: int
+    gpu_uuid: str
+
+
+class RanksOut(BaseModel):
+    job_id: str
+    ranks: list[RankOut]
+
+
 class GpuSampleOut(BaseModel):
     time: float
     gpu_index: int

@@ -9,6 +9,7 @@ record spent reading protobuf fields one attribute at a time).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -56,10 +57,6 @@ class RecordColumns:
     def __len__(self) -> int:
         return int(self.step.shape[0])
 
-    @classmethod
-    def empty(cls) -> RecordColumns:
-        return from_rows([])
-
     @staticmethod
     def concat(a: RecordColumns, b: RecordColumns) -> RecordColumns:
         """`a`'s records, then `b`'s (b's kinds renumbered into a's list)."""
@@ -89,8 +86,8 @@ def from_rows(records: Sequence[pb.StepRecord]) -> RecordColumns:
     """The message form. Records that report phase totals but no spans get their phases laid end
     to end as spans (a client without span timing)."""
     n = len(records)
-    if n == 0 and _EMPTY is not None:  # batches that carry a StepTable have no messages
-        return _EMPTY
+    if n == 0:  # batches that carry a StepTable have no messages
+        return _empty()
     step = np.array([r.step for r in records], dtype=np.int64)
     start = np.array([r.start_time for r in records], dtype=np.float64)
     span_lists = [r.spans for r in records]
@@ -176,15 +173,23 @@ def from_rows(records: Sequence[pb.StepRecord]) -> RecordColumns:
     )
 
 
-_EMPTY: RecordColumns | None = None
-_EMPTY = from_rows([])
+@functools.cache
+def _empty() -> RecordColumns:
+    """No records: the same arrays every time (nothing changes them)."""
+    f8, i8, no = np.zeros(0, np.float64), np.zeros(0, np.int64), np.zeros(0, bool)
+    return RecordColumns(
+        step=i8, start=f8, end=f8, duration=f8, gc_count=i8, gc_seconds=f8, span_count=i8,
+        span_record=i8, span_kind=i8, span_start=f8, span_duration=f8, span_microbatch=i8,
+        span_chunk=i8, kinds=[], non_finite=no, negative=no, over=f8, bad_name=no, bad_span=no,
+        sum_sq=f8, seq=[], microbatch_seq=[],
+    )  # fmt: skip
+
+
+MAX_NAME_LENGTH = 128
 
 
 def good_name(name: str) -> bool:
     return bool(name) and len(name) <= MAX_NAME_LENGTH and "\x00" not in name
-
-
-MAX_NAME_LENGTH = 128
 
 
 def _column(

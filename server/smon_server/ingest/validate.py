@@ -197,33 +197,21 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
             for i in np.flatnonzero(flags & ~failed).tolist():
                 reason[i] = name
             failed |= flags
-    # In record order: a valid record is kept while the budget lasts and its step is new.
-    ok = ~failed
-    order = np.argsort(step, kind="stable")
-    sorted_steps = step[order]
-    ok_sorted = ok[order]
-    # The first valid record of each step is the one kept; later valid ones are duplicates.
+    # In record order: a valid record is kept while the budget lasts and its step is new (the
+    # first valid record of a step is kept; np.unique's index is the first occurrence).
+    valid = np.flatnonzero(~failed)
     first_ok = np.zeros(n, dtype=bool)
-    if n:
-        seen_before = np.zeros(n, dtype=bool)
-        group_start = np.r_[True, sorted_steps[1:] != sorted_steps[:-1]]
-        group_id = np.cumsum(group_start) - 1
-        ok_count_before = np.cumsum(ok_sorted) - ok_sorted
-        group_first_ok = ok_count_before - ok_count_before[np.flatnonzero(group_start)][group_id]
-        seen_before[order] = ok_sorted & (group_first_ok > 0)
-        first_ok = ok & ~seen_before
-    duplicate = ok & ~first_ok
+    first_ok[valid[np.unique(step[valid], return_index=True)[1]]] = True
     keep = first_ok & (np.cumsum(first_ok) <= limits.max_batch_records)
-    rejections = [
-        _reject(
-            "step",
-            i,
-            why,
-            "over max_batch_records" if why == BATCH_TOO_LARGE else f"step {int(step[i])}",
-        )
-        for i in np.flatnonzero(~keep).tolist()
-        for why in (reason[i] or (DUPLICATE_STEP if duplicate[i] else BATCH_TOO_LARGE),)
-    ]
+    rejections = []
+    for i in np.flatnonzero(~keep).tolist():
+        why = reason[i]
+        if why is not None:
+            rejections.append(_reject("step", i, why, f"step {int(step[i])}"))
+        elif first_ok[i]:
+            rejections.append(_reject("step", i, BATCH_TOO_LARGE, "over max_batch_records"))
+        else:
+            rejections.append(_reject("step", i, DUPLICATE_STEP, f"step {int(step[i])}"))
 
     span_keep = keep[span_record]
     rel_start, s_duration = cols.span_start, cols.span_duration

@@ -26,6 +26,7 @@ from smon_server.store.grids import Grid
 from smon_server.store.models import Agent, AnalysisResult, Job
 from smon_server.store.queries import StepWindow
 from smon_server.store.step_window import read_window
+from smon_server.views import heatmap as heatmaps
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.signals import HangState
 
@@ -334,12 +335,8 @@ def _raw_phase_grid(
     values[rank_index, step_index] = (
         records.duration if metric == "step_time" else records.phase_seconds(metric)
     )
-    rows = np.ones(ranks.size, dtype=bool)
-    if from_rank is not None:
-        rows &= ranks >= from_rank
-    if to_rank is not None:
-        rows &= ranks <= to_rank
-    return Grid(ranks[rows].astype(np.int64), steps.astype(np.int64), values[rows])
+    grid = Grid(ranks.astype(np.int64), steps.astype(np.int64), values)
+    return heatmaps.select(grid, from_rank=from_rank, to_rank=to_rank, from_step=None, to_step=None)
 
 
 def _hang_state(liveness: Liveness, stall_seconds: float) -> HangState | None:

@@ -218,13 +218,13 @@ def _by(batches: Iterable[ValidBatch], key: str) -> dict[str, list[ValidBatch]]:
 
 
 def _upsert_rows(
-    session: Session, dialect: str, model: Any, rows: list[dict[str, Any]], stmt_for: Any
+    session: Session, dialect: str, model: Any, rows: list[dict[str, Any]], upsert: Any
 ) -> dict[str, int]:
     """Upsert `rows` (one per natural key) and return natural key -> integer key. On PostgreSQL
     one executemany, which SQLAlchemy sends as multi-row INSERTs of one cached statement; SQLite
     assigns keys itself (`_next_key`), so one row at a time."""
     name = model.job_id if model is Job else model.agent_id
-    stmt = stmt_for().returning(name, model.key)
+    stmt = upsert.returning(name, model.key)
     if dialect == "postgresql":
         result = session.connection().execute(stmt, rows).all()
         return {str(k): int(v) for k, v in result}
@@ -254,7 +254,7 @@ def _upsert_jobs(session: Session, dialect: str, batches: Sequence[ValidBatch], 
             }
         )
 
-    return _upsert_rows(session, dialect, Job, rows, lambda: _job_upsert(dialect))
+    return _upsert_rows(session, dialect, Job, rows, _job_upsert(dialect))
 
 
 @functools.cache
@@ -321,7 +321,7 @@ def _upsert_agents(
             )
         rows.append(row)
 
-    return _upsert_rows(session, dialect, Agent, rows, lambda: _agent_upsert(dialect))
+    return _upsert_rows(session, dialect, Agent, rows, _agent_upsert(dialect))
 
 
 @functools.cache
