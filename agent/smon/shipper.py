@@ -246,7 +246,7 @@ class Shipper:
             call = stub.Stream(
                 self._requests(session, stub),
                 metadata=self._metadata,
-                compression=grpc.Compression.Gzip,
+                compression=grpc.Compression.Gzip if self._config.compression == "gzip" else None,
             )
             with self._lock:
                 self._call = call

@@ -119,9 +119,12 @@ class RecordingIngest(BatchLog, pb_grpc.IngestServicer):
 class IngestServer:
     """A grpc.server on 127.0.0.1 running a RecordingIngest; restartable on the same port."""
 
-    def __init__(self, servicer: RecordingIngest, port: int = 0) -> None:
+    def __init__(
+        self, servicer: RecordingIngest, port: int = 0, *, options: list[tuple[str, int]] | None = None
+    ) -> None:
         self.servicer = servicer
         self.port = port
+        self.options = options or []
         self._server: grpc.Server | None = None
 
     @property
@@ -129,7 +132,7 @@ class IngestServer:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> IngestServer:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=self.options)
         pb_grpc.add_IngestServicer_to_server(self.servicer, server)
         self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
         server.start()

@@ -51,7 +51,9 @@ def test_throttled_ack_holds_records_back_then_sends_larger_batches(ingest, atta
     hold = 0.6
     ingest.servicer.throttle_next = hold
     mon = attach_fast(server=ingest.address, max_batch_records=5, flush_interval=0.05)
-    for _ in range(40):
+    mon.step()  # its batch's Ack asks for the hold; connected first, however slow the machine
+    assert ingest.servicer.wait_for(lambda s: s.step_numbers() == [0])
+    for _ in range(39):
         mon.step()
         time.sleep(0.01)
     assert ingest.servicer.wait_for(lambda s: s.step_numbers() == list(range(40)))
@@ -310,3 +312,30 @@ def test_records_travel_as_step_tables_once_the_server_reads_them(ingest, attach
     assert later and all(b.step_table.records and not b.steps for b in later)
     sent = sum(len(b.steps) + b.step_table.records for b in ingest.servicer.snapshot())
     assert sent == 45  # nothing twice
+
+
+@pytest.mark.parametrize("setting", ["gzip", None])
+def test_compression_is_off_unless_asked_for(attach_fast, monkeypatch, setting):
+    # A server that accepts uncompressed messages only: gzip-compressed batches never get through.
+    plain_only = [("grpc.compression_enabled_algorithms_bitset", 1)]
+    server = IngestServer(RecordingIngest(), options=plain_only).start()
+    try:
+        if setting is not None:
+            monkeypatch.setenv("SMON_AGENT_COMPRESSION", setting)
+        mon = attach_fast(server=server.address)
+        for _ in range(20):
+            mon.step()
+        delivered = server.servicer.wait_for(lambda s: s.step_numbers() == list(range(20)), timeout=3)
+        mon.close(timeout=0.5)
+        assert delivered == (setting != "gzip")
+    finally:
+        server.stop()
+
+
+def test_an_unknown_compression_is_said_and_ignored(monkeypatch, caplog):
+    from smon.config import resolve_config
+
+    monkeypatch.setenv("SMON_AGENT_COMPRESSION", "zstd")
+    assert resolve_config().compression == "none"
+    assert "SMON_AGENT_COMPRESSION" in caplog.text
+    assert resolve_config(compression="GZIP").compression == "gzip"

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import psycopg
 from sqlalchemy import exc as sa_exc
 
-from smon_server.store.db import Database
+from smon_server.store.db import Database, HeldConnection
 from smon_server.store.rows import ValidBatch
 from smon_server.store.writes import WriteResult, write_batches
 
@@ -88,6 +88,7 @@ class GroupCommitter:
         self._rate = 0.0  # records/s of recent groups (EWMA), for the throttle hint
         self.groups = 0  # groups committed (a test reads it)
         self._thread: threading.Thread | None = None
+        self._connection = HeldConnection(db.engine)  # the writer thread's own
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="smon-writer", daemon=True)
@@ -137,6 +138,7 @@ class GroupCommitter:
         while True:
             first = self._items.get()
             if first is None:
+                self._connection.close()
                 return
             group, records, stop = [first], first.records, False
             while records < self.max_group_records:
@@ -151,13 +153,16 @@ class GroupCommitter:
                 records += item.records
             self._commit(group, records)
             if stop:
+                self._connection.close()
                 return
 
     def _commit(self, group: list[_Item], records: int) -> None:
         started = time.perf_counter()
         try:
             results: list[WriteResult | BaseException] = list(
-                write_batches(self.db, [i.batch for i in group], self.clock())
+                write_batches(
+                    self.db, [i.batch for i in group], self.clock(), transaction=self._connection.transaction
+                )
             )
         except Exception as exc:
             if len(group) == 1:
@@ -175,7 +180,8 @@ class GroupCommitter:
 
     def _alone(self, item: _Item) -> WriteResult | BaseException:
         try:
-            return write_batches(self.db, [item.batch], self.clock())[0]
+            batch = [item.batch]
+            return write_batches(self.db, batch, self.clock(), transaction=self._connection.transaction)[0]
         except Exception as exc:
             return _failure(item, exc)
 

@@ -9,6 +9,8 @@ the batch and resends it after reconnecting.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import logging
 import time
@@ -33,6 +35,19 @@ STORAGE_REFUSED = "storage_refused"  # the database refused the batch's content:
 SEQ_REUSED = "seq_reused"  # (agent_id, seq) already stored with other records
 RATE_LIMITED = "rate_limited"  # the agent sends far past SMON_INGEST_AGENT_RECORDS_PER_SECOND
 TOO_MANY_JOBS = "too_many_jobs"  # a new job while SMON_INGEST_MAX_JOBS others are reporting
+# Batches of one stream taken in before the oldest of them is acked. The agent keeps up to 64
+# unacked batches in flight; handling a stream's batches one at a time would make every agent
+# wait a whole commit per batch and cap a group at one batch per agent.
+STREAM_READ_AHEAD = 8
+
+
+class _Refused(Exception):
+    """The request cannot be answered with an Ack: end the call with this status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
 
 
 class IngestService:
@@ -74,14 +89,42 @@ class IngestService:
 
     async def push(self, request: bytes, context: grpc.aio.ServicerContext) -> pb.Ack:
         await self._authenticate(context)
-        return await self._handle(request, context)
+        try:
+            return await self._handle(request)
+        except _Refused as refused:
+            await context.abort(refused.code, refused.details)
+            raise  # abort raises; this only satisfies type checkers
 
     async def stream(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Ack]:
+        """Batches are read ahead of their Acks (up to STREAM_READ_AHEAD), so several of an
+        agent's batches can wait for, and share, the same commit; Acks go out in order."""
         await self._authenticate(context)
-        async for request in requests:
-            yield await self._handle(request, context)
+        handled: asyncio.Queue[asyncio.Task[pb.Ack] | None] = asyncio.Queue(STREAM_READ_AHEAD)
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await handled.put(asyncio.ensure_future(self._handle(request)))
+            finally:
+                await handled.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (task := await handled.get()) is not None:
+                try:
+                    yield await task
+                except _Refused as refused:
+                    await context.abort(refused.code, refused.details)
+            await reader  # a failure to read the requests ends the call with it
+        finally:
+            reader.cancel()
+            while not handled.empty():
+                if (task := handled.get_nowait()) is not None:
+                    task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
 
     async def clock_rpc(self, request: pb.ClockRequest, context: grpc.aio.ServicerContext) -> pb.ClockReply:
         await self._authenticate(context)
@@ -96,13 +139,12 @@ class IngestService:
             self.stats.rejected.labels(UNAUTHENTICATED).inc()
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ingest token")
 
-    async def _handle(self, request: bytes, context: grpc.aio.ServicerContext) -> pb.Ack:
+    async def _handle(self, request: bytes) -> pb.Ack:
         try:
             batch = pb.Batch.FromString(request)
         except DecodeError as exc:
             self.stats.rejected.labels(MALFORMED).inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed smon.v1.Batch: {exc}")
-            raise  # abort raises; this only satisfies type checkers
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed smon.v1.Batch: {exc}") from exc
         try:
             valid = validate_batch(batch, self.limits)
         except BatchRejected as rejected:
@@ -117,10 +159,9 @@ class IngestService:
             result = await self.committer.write(valid)
         except StorageRefused as refused:
             return self._refuse_whole(batch, STORAGE_REFUSED, str(refused))
-        except Exception:
+        except Exception as exc:
             log.exception("storing batch %s/%d failed", valid.agent_id, valid.seq)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later")
-            raise
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later") from exc
         if result.conflict:
             detail = f"seq {batch.seq} of agent {batch.agent_id} was stored before with other records"
             return self._refuse_whole(batch, SEQ_REUSED, detail)

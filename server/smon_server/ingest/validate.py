@@ -231,14 +231,19 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
         span_duration=s_duration[order],
         span_microbatch=cols.span_microbatch[order],
         span_chunk=cols.span_chunk[order],
+        # Most records carry no sequence statistics: skip the per-record loop when none does.
         seq_total=[
             codec.pack_seq_total(q) if q is not None and q[0] else None
             for q in (cols.seq[i] for i in kept_records)
-        ],
+        ]
+        if cols.seq.count(None) != n
+        else [None] * len(kept_records),
         seq_microbatches=[
             codec.pack_seq_microbatches(cols.microbatch_seq[i]) if cols.microbatch_seq[i] else None
             for i in kept_records
-        ],
+        ]
+        if any(cols.microbatch_seq)
+        else [None] * len(kept_records),
     )
     return block, rejections
 

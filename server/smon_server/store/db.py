@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from smon_server.store.kinds import SpanKinds
+from smon_server.store.kinds import SpanKinds, Transaction
+
+__all__ = ["DATABASE_UNAVAILABLE", "Database", "HeldConnection", "Transaction", "make_engine"]
 
 # The database cannot be reached or dropped the connection: what was asked may succeed later.
 DATABASE_UNAVAILABLE = (
@@ -43,6 +45,36 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+class HeldConnection:
+    """Transactions on one connection that a single thread keeps between them (the ingest
+    writer, dozens of transactions a second): no pool checkout and liveness ping (a round trip)
+    per transaction. A transaction that fails drops the connection, so one broken by the
+    database going away is never used again; the next transaction opens a fresh one."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._connection: Connection | None = None
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        if self._connection is None:
+            self._connection = self.engine.connect()
+        try:
+            with Session(bind=self._connection) as session, session.begin():
+                yield session
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            try:
+                connection.close()
+            except Exception:  # a connection that broke may fail to close too
+                connection.invalidate()
 
 
 class Database:

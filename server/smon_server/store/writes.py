@@ -22,14 +22,15 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from sqlalchemy import and_, case, func, insert, or_, select, text
+from sqlalchemy import and_, bindparam, case, func, insert, literal_column, or_, select, text
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from smon.v1 import ingest_pb2 as pb
 from smon_server.store import codec, copy_binary
 from smon_server.store.codec import MAX_KINDS
-from smon_server.store.db import Database
+from smon_server.store.db import Database, Transaction
 from smon_server.store.models import Agent, Base, GpuSample, IngestedBatch, Job, StepRecord
 from smon_server.store.rows import StepBlock, ValidBatch
 
@@ -58,12 +59,16 @@ def write_batch(db: Database, batch: ValidBatch, now: float) -> WriteResult:
     return write_batches(db, [batch], now)[0]
 
 
-def write_batches(db: Database, batches: Sequence[ValidBatch], now: float) -> list[WriteResult]:
-    """Store `batches` in one transaction; one result per batch, in order."""
+def write_batches(
+    db: Database, batches: Sequence[ValidBatch], now: float, *, transaction: Transaction | None = None
+) -> list[WriteResult]:
+    """Store `batches` in one transaction (`transaction`, or one from the pool); one result per
+    batch, in order."""
+    transaction = transaction or db.transaction
     names = set().union(*(b.steps.kind_names for b in batches))
-    codes = db.kinds.codes(db.transaction, names)
+    codes = db.kinds.codes(transaction, names)
     batches = [_refuse_unnamed_kinds(b, codes) for b in batches]
-    with db.transaction() as session:
+    with transaction() as session:
         dialect = session.get_bind().dialect.name
         digests = [b.digest for b in batches]
         fresh, conflicts = _claim_batches(session, dialect, batches, digests, now)
@@ -179,13 +184,13 @@ def _claim_batches(
         }
         for i, b in ((i, batches[i]) for i in first.values())
     ]
-    stmt = _dialect_insert(dialect, IngestedBatch).on_conflict_do_nothing()
     fresh: set[int] = set()
     if dialect == "postgresql":
-        returning = stmt.returning(IngestedBatch.agent_id, IngestedBatch.seq)
-        claimed = session.connection().execute(returning, values).all()
+        params = {column: [v[column] for v in values] for column in _CLAIM_COLUMNS}
+        claimed = session.connection().exec_driver_sql(_claim_sql(), params).all()
         fresh = {first[(agent_id, seq)] for agent_id, seq in claimed}
     else:
+        stmt = _dialect_insert(dialect, IngestedBatch).on_conflict_do_nothing()
         for key, value in zip(first, values, strict=True):
             if session.execute(stmt.values(value).returning(IngestedBatch.seq)).first() is not None:
                 fresh.add(first[key])
@@ -209,6 +214,37 @@ def _claim_batches(
     return fresh, conflicts
 
 
+_CLAIM_COLUMNS = ("agent_id", "seq", "job_id", "received_at", "accepted", "rejected", "digest")
+
+
+@functools.cache
+def _claim_sql() -> str:
+    return _postgres_sql(
+        _bulk_insert(IngestedBatch, _CLAIM_COLUMNS)
+        .on_conflict_do_nothing()
+        .returning(IngestedBatch.agent_id, IngestedBatch.seq)
+    )
+
+
+def _postgres_sql(statement: Any) -> str:
+    """The statement's SQL for psycopg, compiled once: the ingest writer runs a handful of them
+    dozens of times a second, and SQLAlchemy's per-execution cache lookup (a cache key built from
+    the statement's whole tree) cost more than the statement's own round trip."""
+    compiled = statement.compile(dialect=postgresql.psycopg.dialect())
+    assert set(compiled.params) <= {c.name for c in statement.table.columns}, compiled.params  # no literals
+    return str(compiled)
+
+
+def _bulk_insert(model: Any, columns: Sequence[str]) -> Any:
+    """PostgreSQL `INSERT … SELECT … FROM unnest(one array per column)`: the same statement text
+    for any number of rows, sent with one array per column. (A multi-row VALUES list is new SQL
+    for every row count, which psycopg re-parses and PostgreSQL re-plans on each group.)"""
+    table = model.__table__
+    arrays = [bindparam(column, type_=ARRAY(table.c[column].type)) for column in columns]
+    rows = func.unnest(*arrays).table_valued(*columns).render_derived()
+    return postgresql.insert(model).from_select(list(columns), select(*(rows.c[c] for c in columns)))
+
+
 def _by(batches: Iterable[ValidBatch], key: str) -> dict[str, list[ValidBatch]]:
     """Batches grouped by `key` (job_id or agent_id), keys sorted: rows are locked in that order."""
     out: dict[str, list[ValidBatch]] = {}
@@ -220,14 +256,15 @@ def _by(batches: Iterable[ValidBatch], key: str) -> dict[str, list[ValidBatch]]:
 def _upsert_rows(
     session: Session, dialect: str, model: Any, rows: list[dict[str, Any]], upsert: Any
 ) -> dict[str, int]:
-    """Upsert `rows` (one per natural key) and return natural key -> integer key. On PostgreSQL
-    one executemany, which SQLAlchemy sends as multi-row INSERTs of one cached statement; SQLite
-    assigns keys itself (`_next_key`), so one row at a time."""
+    """Upsert `rows` (one per natural key, each with the same keys) and return natural key ->
+    integer key: on PostgreSQL one statement over arrays; SQLite assigns keys itself
+    (`_next_key`), so one row at a time."""
     name = model.job_id if model is Job else model.agent_id
     stmt = upsert.returning(name, model.key)
     if dialect == "postgresql":
-        result = session.connection().execute(stmt, rows).all()
-        return {str(k): int(v) for k, v in result}
+        params = {column: [row[column] for row in rows] for column in rows[0]}
+        result = session.connection().exec_driver_sql(_upsert_sql(model.__tablename__), params)
+        return {str(k): int(v) for k, v in result.all()}
     out = {}
     for row in rows:
         natural, key = session.execute(stmt.values({**row, "key": _next_key(model)})).one()
@@ -258,9 +295,22 @@ def _upsert_jobs(session: Session, dialect: str, batches: Sequence[ValidBatch], 
 
 
 @functools.cache
+def _upsert_sql(table: str) -> str:
+    if table == Job.__tablename__:
+        return _postgres_sql(_job_upsert("postgresql").returning(Job.job_id, Job.key))
+    return _postgres_sql(_agent_upsert("postgresql").returning(Agent.agent_id, Agent.key))
+
+
+_JOB_COLUMNS = (
+    "job_id", "world_size", "dp_size", "pp_size", "tp_size", "first_seen", "last_seen", "last_step",
+    "last_step_seen", "gpu_hours_wasted",
+)  # fmt: skip
+
+
+@functools.cache
 def _job_upsert(dialect: str) -> Any:
     """Built once per dialect: building it took longer than running it for a group."""
-    stmt = _dialect_insert(dialect, Job)
+    stmt = _bulk_insert(Job, _JOB_COLUMNS) if dialect == "postgresql" else _dialect_insert(dialect, Job)
     excluded = stmt.excluded
     update: dict[str, Any] = {
         "last_seen": _greatest(dialect, Job.last_seen, excluded.last_seen),
@@ -324,9 +374,17 @@ def _upsert_agents(
     return _upsert_rows(session, dialect, Agent, rows, _agent_upsert(dialect))
 
 
+_AGENT_COLUMNS = (
+    "agent_id", "job_id", "rank", "local_rank", "host", "gpu_uuid", "dp_rank", "pp_rank", "tp_rank",
+    "pid", "agent_version", "backend", "clock_offset", "first_seen", "last_seen", "dropped_records",
+    "errors", "final", "first_step", "hb_time", "hb_last_step", "hb_current_step", "hb_phase",
+    "hb_phase_since",
+)  # fmt: skip
+
+
 @functools.cache
 def _agent_upsert(dialect: str) -> Any:
-    stmt = _dialect_insert(dialect, Agent)
+    stmt = _bulk_insert(Agent, _AGENT_COLUMNS) if dialect == "postgresql" else _dialect_insert(dialect, Agent)
     excluded = stmt.excluded
     update: dict[str, Any] = {
         "last_seen": _greatest(dialect, Agent.last_seen, excluded.last_seen),
@@ -340,7 +398,9 @@ def _agent_upsert(dialect: str) -> Any:
         "final": Agent.final | excluded.final,
     }
     # Only a newer heartbeat replaces the stored one (batches may arrive out of order).
-    newer = excluded.hb_time.is_not(None) & (func.coalesce(Agent.hb_time, 0.0) <= excluded.hb_time)
+    newer = excluded.hb_time.is_not(None) & (
+        func.coalesce(Agent.hb_time, literal_column("0.0")) <= excluded.hb_time
+    )
     for column in ("hb_time", "hb_last_step", "hb_current_step", "hb_phase", "hb_phase_since"):
         update[column] = case((newer, getattr(excluded, column)), else_=getattr(Agent, column))
     return stmt.on_conflict_do_update(index_elements=[Agent.agent_id], set_=update)
@@ -370,29 +430,32 @@ def _insert_steps(
             driver.transaction(),
             driver.cursor().copy(f"COPY step_records ({column_list}) FROM STDIN (FORMAT BINARY)") as copy,
         ):
-            copy.write(copy_binary.HEADER)
-            for batch, job_key, agent_key in batches:
-                copy.write(_binary_rows(batch, codes, job_key, agent_key))
-            copy.write(copy_binary.TRAILER)
+            copy.write(copy_binary.HEADER + _binary_rows(batches, codes) + copy_binary.TRAILER)
     except psycopg.errors.UniqueViolation:
         _copy_insert(session, "step_records", STEP_COLUMNS, rows())
 
 
-def _binary_rows(batch: ValidBatch, codes: dict[str, int], job_key: int, agent_key: int) -> bytes:
-    block = batch.steps
+def _binary_rows(batches: list[tuple[ValidBatch, int, int]], codes: dict[str, int]) -> bytes:
+    """Every record of the group as binary COPY rows, built in one go (store/copy_binary.py)."""
+    blocks = [b.steps for b, _, _ in batches]
+    sizes = [len(block) for block in blocks]
+
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([getattr(block, name) for block in blocks])
+
     return copy_binary.step_rows(
-        job_key=job_key,
-        agent_key=agent_key,
-        rank=batch.coords.rank,
-        step=block.step,
-        start_time=block.start_time,
-        duration=block.duration,
-        gc_count=block.gc_count,
-        gc_seconds=block.gc_seconds,
-        spans=_packed_spans(block, codes),
-        span_bytes=np.diff(block.span_offsets) * codec.SPAN.itemsize,
-        seq_total=block.seq_total,
-        seq_microbatches=block.seq_microbatches,
+        job_key=np.repeat([job_key for _, job_key, _ in batches], sizes),
+        agent_key=np.repeat([agent_key for _, _, agent_key in batches], sizes),
+        rank=np.repeat([b.coords.rank for b, _, _ in batches], sizes),
+        step=joined("step"),
+        start_time=joined("start_time"),
+        duration=joined("duration"),
+        gc_count=joined("gc_count"),
+        gc_seconds=joined("gc_seconds"),
+        spans=b"".join(_packed_spans(block, codes) for block in blocks),
+        span_bytes=np.concatenate([np.diff(block.span_offsets) for block in blocks]) * codec.SPAN.itemsize,
+        seq_total=[v for block in blocks for v in block.seq_total],
+        seq_microbatches=[v for block in blocks for v in block.seq_microbatches],
     )
 
 
