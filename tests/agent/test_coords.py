@@ -1,4 +1,5 @@
-"""Coordinates and job id: arguments > environment > detection (DeviceMesh, Megatron) > defaults."""
+"""Coordinates, job id and attempt: arguments > environment > detection (DeviceMesh, Megatron,
+launchers) > defaults."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import types
 
 import pytest
 
-from smon.coords import process_identity, resolve_job, resolve_parallel
+from smon.coords import SLURM_RESTART_WEIGHT, process_identity, resolve_attempt, resolve_job, resolve_parallel
 
 NONE = {"dp_rank": None, "pp_rank": None, "tp_rank": None, "dp_size": None, "pp_size": None, "tp_size": None}
 
@@ -139,3 +140,50 @@ def test_coordinates_travel_with_every_batch(ingest, attach_fast, monkeypatch):
     assert (coords.job, coords.rank, coords.world_size, coords.local_rank) == ("coords-job", 3, 4, 1)
     assert (coords.dp_rank, coords.dp_size, coords.pp_rank, coords.pp_size) == (1, 2, 1, 2)
     assert coords.host and coords.pid and coords.agent_version
+
+
+def test_attempt_sources(monkeypatch):
+    assert resolve_attempt(None) is None  # nothing says: the server goes by liveness
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert resolve_attempt(None) == 0  # a Slurm job not requeued yet
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert resolve_attempt(None) == 2
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    # torchrun inside Slurm: a requeue restarts torchrun's count, so the requeue count leads.
+    assert resolve_attempt(None) == 2 * SLURM_RESTART_WEIGHT + 1
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.delenv("SLURM_RESTART_COUNT")
+    assert resolve_attempt(None) == 1  # torchrun alone
+    monkeypatch.setenv("SMON_ATTEMPT", "7")
+    assert resolve_attempt(None) == 7
+    assert resolve_attempt(3) == 3
+
+
+def test_bad_attempts_are_ignored_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "4")
+    monkeypatch.setenv("SMON_ATTEMPT", "second")
+    assert resolve_attempt(None) == 4
+    monkeypatch.setenv("SMON_ATTEMPT", "-1")
+    assert resolve_attempt(None) == 4
+    assert resolve_attempt(-2) == 4 and resolve_attempt("3") == 4  # type: ignore[arg-type]
+    assert resolve_attempt(True) == 4  # type: ignore[arg-type]
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "SMON_ATTEMPT='second'" in messages and "SMON_ATTEMPT=-1" in messages
+    assert "attempt=-2" in messages and "attempt='3'" in messages
+
+
+def test_attempt_travels_with_every_batch(ingest, attach_fast, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    mon = attach_fast(server=ingest.address)
+    mon.step()
+    mon.close()
+    batches = ingest.servicer.snapshot()
+    assert batches and all(b.coords.HasField("attempt") and b.coords.attempt == 3 for b in batches)
+
+
+def test_no_attempt_leaves_the_field_unset(ingest, attach_fast):
+    mon = attach_fast(server=ingest.address)
+    mon.step()
+    mon.close()
+    batches = ingest.servicer.snapshot()
+    assert batches and not any(b.coords.HasField("attempt") for b in batches)
