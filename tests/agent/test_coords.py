@@ -166,7 +166,7 @@ def test_bad_attempts_are_ignored_with_a_warning(monkeypatch, caplog):
     monkeypatch.setenv("SMON_ATTEMPT", "-1")
     assert resolve_attempt(None) == 4
     assert resolve_attempt(-2) == 4 and resolve_attempt("3") == 4  # type: ignore[arg-type]
-    assert resolve_attempt(True) == 4  # type: ignore[arg-type]
+    assert resolve_attempt(True) == 4
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "SMON_ATTEMPT='second'" in messages and "SMON_ATTEMPT=-1" in messages
     assert "attempt=-2" in messages and "attempt='3'" in messages

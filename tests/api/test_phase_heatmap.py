@@ -43,7 +43,7 @@ def direct(server: BackgroundServer, job_id: str, metric: str, lo: int | None, h
     """The grid from the stored step records, as the API computed it before the columns."""
     assert server.context is not None
     with server.context.db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, (job_id, 1))
         assert job is not None
         records = read_window(session=session, job=job, from_step=lo, to_step=hi)
     ranks, ri = np.unique(records.rank, return_inverse=True)

@@ -42,14 +42,16 @@ class Gate:
         self.entered = threading.Event()
         self.calls: list[list[str]] = []
 
-    def __call__(self, db: Database, batches: Sequence[ValidBatch], now: float) -> list[WriteResult]:
+    def __call__(
+        self, db: Database, batches: Sequence[ValidBatch], now: float, **options: float
+    ) -> list[WriteResult]:
         self.calls.append([f"{b.agent_id}/{b.seq}" for b in batches])
         if len(self.calls) == 1:
             self.entered.set()
             self.release.wait(10)
         if any(b.agent_id == "poison" for b in batches):
             raise RuntimeError("the database refused this batch")
-        return write_batches(db, batches, now)
+        return write_batches(db, batches, now, **options)
 
 
 @pytest.fixture

@@ -94,8 +94,8 @@ def test_0003_downgrades_and_upgrades_again(db: Database) -> None:
     with db.engine.begin() as c:
         c.execute(
             sa.text(
-                "INSERT INTO analysis_results (job_id, computed_at, state, steps_seen, stragglers, "
-                "leading_cause, summary) VALUES ('j', 5.0, 'running', 1, 0, '', :s)"
+                "INSERT INTO analysis_results (job_id, attempt, computed_at, state, steps_seen, stragglers, "
+                "leading_cause, summary) VALUES ('j', 1, 5.0, 'running', 1, 0, '', :s)"
             ),
             {"s": '{"slowdown": 1.25}'},
         )
@@ -194,7 +194,7 @@ def test_0005_packs_stored_step_records_and_downgrades_them_back(database_url: s
             c.execute(sa.text(f"INSERT INTO step_records ({columns}) VALUES ({values})"), rows)
         migrate.upgrade(db)
         with db.session() as session:
-            job = session.get(Job, "j")
+            job = session.get(Job, ("j", 1))
             assert job is not None
             cols = read_window(session=session, job=job, from_step=None, to_step=None)
         assert list(cols.rank) == [0, 1] and list(cols.dp_rank) == [0, 1]

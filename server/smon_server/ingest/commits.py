@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import psycopg
 from sqlalchemy import exc as sa_exc
 
+from smon_server.store.attempts import DEFAULT_STALL_SECONDS
 from smon_server.store.db import Database
 from smon_server.store.rows import ValidBatch
 from smon_server.store.writes import WriteResult, write_batches
@@ -77,8 +78,10 @@ class GroupCommitter:
         max_group_records: int = 50_000,
         max_pending_records: int = 200_000,
         clock: Callable[[], float] = time.time,
+        stall_seconds: float = DEFAULT_STALL_SECONDS,
     ) -> None:
         self.db = db
+        self.stall_seconds = stall_seconds  # a new agent after this much silence is a new attempt
         self.max_group_records = max_group_records
         self.max_pending_records = max_pending_records
         self.clock = clock
@@ -157,7 +160,9 @@ class GroupCommitter:
         started = time.perf_counter()
         try:
             results: list[WriteResult | BaseException] = list(
-                write_batches(self.db, [i.batch for i in group], self.clock())
+                write_batches(
+                    self.db, [i.batch for i in group], self.clock(), stall_seconds=self.stall_seconds
+                )
             )
         except Exception as exc:
             if len(group) == 1:
@@ -175,7 +180,7 @@ class GroupCommitter:
 
     def _alone(self, item: _Item) -> WriteResult | BaseException:
         try:
-            return write_batches(self.db, [item.batch], self.clock())[0]
+            return write_batches(self.db, [item.batch], self.clock(), stall_seconds=self.stall_seconds)[0]
         except Exception as exc:
             return _failure(item, exc)
 
