@@ -44,7 +44,9 @@ def send(
 
 def attempt_of(db: Database, agent: str) -> int:
     with db.session() as s:
-        return int(s.scalar(select(Agent.attempt).where(Agent.agent_id == agent)))
+        found = s.scalar(select(Agent.attempt).where(Agent.agent_id == agent))
+        assert found is not None, f"agent {agent} was not stored"
+        return int(found)
 
 
 def attempts(db: Database, job: str) -> dict[int, int | None]:
