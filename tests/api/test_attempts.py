@@ -43,8 +43,9 @@ def push(
     with grpc.insecure_channel(server.grpc_target) as channel:
         stub = pb_grpc.IngestStub(channel)
         for rank in ranks:
-            batch = f.batch(job, rank, WORLD, seq=seq, steps=per_rank[rank], agent_id=f"{run}-{rank}")
-            batch.coords.host = f"node-{rank}"
+            batch = f.batch(
+                job, rank, WORLD, seq=seq, steps=per_rank[rank], agent_id=f"{run}-{rank}", host=f"node-{rank}"
+            )
             if reported is not None:
                 batch.coords.attempt = reported
             ack = stub.Push(batch)
@@ -56,7 +57,9 @@ def goodbye(server: BackgroundServer, job: str, run: str, seq: int) -> None:
     with grpc.insecure_channel(server.grpc_target) as channel:
         stub = pb_grpc.IngestStub(channel)
         for rank in range(WORLD):
-            stub.Push(f.batch(job, rank, WORLD, seq=seq, agent_id=f"{run}-{rank}", final=True))
+            stub.Push(
+                f.batch(job, rank, WORLD, seq=seq, agent_id=f"{run}-{rank}", final=True, host=f"node-{rank}")
+            )
 
 
 def analyse(server: BackgroundServer, now: float | None = None) -> None:
