@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import types
+from typing import Any
 
 import pytest
 
@@ -187,3 +188,37 @@ def test_no_attempt_leaves_the_field_unset(ingest, attach_fast):
     mon.close()
     batches = ingest.servicer.snapshot()
     assert batches and not any(b.coords.HasField("attempt") for b in batches)
+
+
+def _older_batch_class() -> Any:
+    """smon.v1.Batch as a reader built before Coordinates.attempt existed sees it: the same
+    .proto without the field, in a descriptor pool of its own."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    from smon.v1 import ingest_pb2 as pb
+
+    proto = descriptor_pb2.FileDescriptorProto()
+    pb.DESCRIPTOR.CopyToProto(proto)
+    coords = next(m for m in proto.message_type if m.name == "Coordinates")
+    kept = [f for f in coords.field if f.name != "attempt"]
+    del coords.field[:]
+    coords.field.extend(kept)
+    del coords.oneof_decl[:]  # proto3 `optional` adds a synthetic oneof for the field
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("smon.v1.Batch"))
+
+
+def test_the_attempt_keeps_the_wire_compatible_both_ways():
+    from smon.v1 import ingest_pb2 as pb
+
+    older = _older_batch_class()
+    new = pb.Batch(agent_id="a", seq=1, coords=pb.Coordinates(job="j", rank=3, world_size=4, attempt=2))
+    new.steps.add(step=7, start_time=1.0, end_time=2.0, duration=1.0)
+    seen_by_old = older.FromString(new.SerializeToString())  # an older server reads a newer agent
+    assert (seen_by_old.coords.job, seen_by_old.coords.rank, seen_by_old.steps[0].step) == ("j", 3, 7)
+    assert not hasattr(seen_by_old.coords, "attempt")
+    from_old = older(agent_id="b", seq=1)
+    from_old.coords.job, from_old.coords.rank, from_old.coords.world_size = "j", 1, 4
+    seen_by_new = pb.Batch.FromString(from_old.SerializeToString())  # a newer server, an older agent
+    assert seen_by_new.coords.job == "j" and not seen_by_new.coords.HasField("attempt")
