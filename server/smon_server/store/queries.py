@@ -263,8 +263,11 @@ def _liveness_facts_stmt(
     if agents is not None:
         inner = inner.where(agents)
     if newest_attempts:
-        newer = aliased(Job)
-        inner = inner.where(~exists().where(newer.job_id == Agent.job_id, newer.attempt > Agent.attempt))
+        # One hash join with each job's newest attempt, not a probe of `jobs` per agent.
+        newest_of = select(Job.job_id, func.max(Job.attempt).label("attempt")).group_by(Job.job_id).subquery()
+        inner = inner.join(
+            newest_of, (newest_of.c.job_id == Agent.job_id) & (newest_of.c.attempt == Agent.attempt)
+        )
     a = inner.subquery()
     return (
         select(
