@@ -96,10 +96,16 @@ def _decide(
     cached: Mapping[str, int],
     live_since: float,
 ) -> dict[str, int]:
-    """The attempts of the agents not in the cache: stored ones read back, new ones decided."""
-    for job_id in sorted({b.job_id for b in unknown}):
-        try_lease(session, LEASE_PREFIX + job_id, wait=True)
+    """The attempts of the agents not in the cache: stored ones read back (a restarted server,
+    an agent that reconnected to another replica), new ones decided under their jobs' locks."""
     out = _stored(session, sorted({b.agent_id for b in unknown}))
+    new_jobs = sorted({b.job_id for b in unknown if b.agent_id not in out})
+    if not new_jobs:
+        return out
+    for job_id in new_jobs:
+        try_lease(session, LEASE_PREFIX + job_id, wait=True)
+    # Stored by another writer while this one waited for the lock: theirs stands.
+    out.update(_stored(session, sorted({b.agent_id for b in unknown if b.agent_id not in out})))
     first: dict[str, ValidBatch] = {}  # each new agent's earliest batch in the group
     for b in unknown:
         if b.agent_id not in out and (b.agent_id not in first or b.seq < first[b.agent_id].seq):
