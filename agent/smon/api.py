@@ -18,6 +18,7 @@ from smon.coords import (
     build_coordinates,
     distributed_backend,
     process_identity,
+    resolve_attempt,
     resolve_job,
     resolve_parallel,
 )
@@ -33,6 +34,7 @@ def attach(
     dataloader: Any = None,
     *,
     job: str | None = None,
+    attempt: int | None = None,
     server: str | None = None,
     token: str | None = None,
     dp_rank: int | None = None,
@@ -66,6 +68,9 @@ def attach(
     dataloader: any iterable object whose class can be subclassed; adds `data_wait` spans.
     job, server, token: default `SMON_JOB` (else TORCHELASTIC_RUN_ID / generated),
         `SMON_SERVER` (127.0.0.1:50051), `SMON_TOKEN`.
+    attempt: which run of the job this is (a non-negative integer that grows with each run);
+        default `SMON_ATTEMPT`, else torchrun's / Slurm's restart count, else unset. A larger
+        value than the job's current attempt starts a new attempt on the server.
     tls, tls_ca_file: TLS to the server, with the system's root certificates or those of a PEM
         file (default `SMON_TLS=1`, `SMON_TLS_CA`; a CA file implies TLS).
     dp/pp/tp_rank, *_size, mesh: parallel coordinates (else SMON_*_RANK / SMON_*_SIZE, else
@@ -95,6 +100,7 @@ def _attach(
     optimizer: Any,
     dataloader: Any,
     job: str | None,
+    attempt: int | None,
     server: str | None,
     token: str | None,
     dp_rank: int | None,
@@ -133,6 +139,7 @@ def _attach(
         gpu_uuid=gpu_uuid,
         version=__version__,
         backend=distributed_backend(),
+        attempt=resolve_attempt(attempt),
     )
     if nvml is None and os.environ.get("SMON_FAKE_NVML", "").strip():
         from smon.testing import FakeNvml
@@ -154,10 +161,12 @@ def _attach(
         monitor.close(timeout=0.0)  # take back whatever hooks were installed
         raise
     logger.info(
-        "smon: attached rank %d/%d of job %s (dp %d/%d, pp %d/%d, tp %d/%d from %s; %s timing) -> %s",
+        "smon: attached rank %d/%d of job %s, attempt %s "
+        "(dp %d/%d, pp %d/%d, tp %d/%d from %s; %s timing) -> %s",
         identity.rank,
         identity.world_size,
         coords.job,
+        coords.attempt if coords.HasField("attempt") else "unset",
         parallel.dp_rank,
         parallel.dp_size,
         parallel.pp_rank,

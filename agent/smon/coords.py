@@ -1,4 +1,5 @@
-"""Where this rank sits in the job: global rank, host, job id and its (dp, pp, tp) coordinates.
+"""Where this rank sits in the job: global rank, host, job id, attempt and its (dp, pp, tp)
+coordinates.
 
 Precedence, field by field: `attach()` arguments > `SMON_{DP,PP,TP}_{RANK,SIZE}` > detection
 (a torch `DeviceMesh` passed to attach, else Megatron's `parallel_state` when that module is
@@ -101,6 +102,42 @@ def resolve_job(job: str | None, identity: ProcessIdentity) -> str:
         return generated
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
     return f"{identity.host}-{identity.pid}-{stamp}"
+
+
+# Under torchrun inside a Slurm job both launchers count restarts, and a Slurm requeue starts
+# torchrun's count at 0 again: the requeue count leads, torchrun's count fills the low bits.
+SLURM_RESTART_WEIGHT = 1 << 20
+
+
+def resolve_attempt(attempt: int | None) -> int | None:
+    """Which run of the job this process is: argument > SMON_ATTEMPT > the launchers' restart
+    counts (TORCHELASTIC_RESTART_COUNT; SLURM_RESTART_COUNT, 0 in a Slurm job not yet requeued;
+    under both, SLURM_RESTART_COUNT * 2^20 + TORCHELASTIC_RESTART_COUNT) > None.
+
+    The server only compares these: a process reporting more than its job's current attempt
+    starts a new attempt. None leaves the server to judge by liveness (docs/server.md)."""
+    if attempt is not None:
+        if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 0:
+            return attempt
+        logger.warning("smon: ignoring attempt=%r (not a non-negative integer)", attempt)
+    explicit = _count("SMON_ATTEMPT")
+    if explicit is not None:
+        return explicit
+    elastic = _count("TORCHELASTIC_RESTART_COUNT")
+    slurm = _count("SLURM_RESTART_COUNT")
+    if slurm is None and os.environ.get("SLURM_JOB_ID", "").strip():
+        slurm = 0
+    if slurm is None or elastic is None:
+        return elastic if slurm is None else slurm
+    return slurm * SLURM_RESTART_WEIGHT + elastic
+
+
+def _count(name: str) -> int | None:
+    value = env_int(name)
+    if value is not None and value < 0:
+        logger.warning("smon: ignoring %s=%d (a count cannot be negative)", name, value)
+        return None
+    return value
 
 
 def _from_mesh(mesh: Any) -> dict[str, int]:
@@ -216,8 +253,10 @@ def build_coordinates(
     gpu_uuid: str,
     version: str,
     backend: str = "",
+    attempt: int | None = None,
 ) -> pb.Coordinates:
     return pb.Coordinates(
+        attempt=attempt,
         job=job,
         rank=identity.rank,
         world_size=identity.world_size,

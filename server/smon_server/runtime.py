@@ -63,6 +63,7 @@ async def serve(
         context.db,
         max_group_records=settings.ingest_group_records,
         max_pending_records=settings.ingest_pending_records,
+        stall_seconds=settings.stall_seconds,
     )
     committer.start()
     service = IngestService(

@@ -1,13 +1,15 @@
-"""Coordinates and job id: arguments > environment > detection (DeviceMesh, Megatron) > defaults."""
+"""Coordinates, job id and attempt: arguments > environment > detection (DeviceMesh, Megatron,
+launchers) > defaults."""
 
 from __future__ import annotations
 
 import sys
 import types
+from typing import Any
 
 import pytest
 
-from smon.coords import process_identity, resolve_job, resolve_parallel
+from smon.coords import SLURM_RESTART_WEIGHT, process_identity, resolve_attempt, resolve_job, resolve_parallel
 
 NONE = {"dp_rank": None, "pp_rank": None, "tp_rank": None, "dp_size": None, "pp_size": None, "tp_size": None}
 
@@ -139,3 +141,84 @@ def test_coordinates_travel_with_every_batch(ingest, attach_fast, monkeypatch):
     assert (coords.job, coords.rank, coords.world_size, coords.local_rank) == ("coords-job", 3, 4, 1)
     assert (coords.dp_rank, coords.dp_size, coords.pp_rank, coords.pp_size) == (1, 2, 1, 2)
     assert coords.host and coords.pid and coords.agent_version
+
+
+def test_attempt_sources(monkeypatch):
+    assert resolve_attempt(None) is None  # nothing says: the server goes by liveness
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    assert resolve_attempt(None) == 0  # a Slurm job not requeued yet
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert resolve_attempt(None) == 2
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    # torchrun inside Slurm: a requeue restarts torchrun's count, so the requeue count leads.
+    assert resolve_attempt(None) == 2 * SLURM_RESTART_WEIGHT + 1
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.delenv("SLURM_RESTART_COUNT")
+    assert resolve_attempt(None) == 1  # torchrun alone
+    monkeypatch.setenv("SMON_ATTEMPT", "7")
+    assert resolve_attempt(None) == 7
+    assert resolve_attempt(3) == 3
+
+
+def test_bad_attempts_are_ignored_with_a_warning(monkeypatch, caplog):
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "4")
+    monkeypatch.setenv("SMON_ATTEMPT", "second")
+    assert resolve_attempt(None) == 4
+    monkeypatch.setenv("SMON_ATTEMPT", "-1")
+    assert resolve_attempt(None) == 4
+    assert resolve_attempt(-2) == 4 and resolve_attempt("3") == 4  # type: ignore[arg-type]
+    assert resolve_attempt(True) == 4
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "SMON_ATTEMPT='second'" in messages and "SMON_ATTEMPT=-1" in messages
+    assert "attempt=-2" in messages and "attempt='3'" in messages
+
+
+def test_attempt_travels_with_every_batch(ingest, attach_fast, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    mon = attach_fast(server=ingest.address)
+    mon.step()
+    mon.close()
+    batches = ingest.servicer.snapshot()
+    assert batches and all(b.coords.HasField("attempt") and b.coords.attempt == 3 for b in batches)
+
+
+def test_no_attempt_leaves_the_field_unset(ingest, attach_fast):
+    mon = attach_fast(server=ingest.address)
+    mon.step()
+    mon.close()
+    batches = ingest.servicer.snapshot()
+    assert batches and not any(b.coords.HasField("attempt") for b in batches)
+
+
+def _older_batch_class() -> Any:
+    """smon.v1.Batch as a reader built before Coordinates.attempt existed sees it: the same
+    .proto without the field, in a descriptor pool of its own."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    from smon.v1 import ingest_pb2 as pb
+
+    proto = descriptor_pb2.FileDescriptorProto()
+    pb.DESCRIPTOR.CopyToProto(proto)
+    coords = next(m for m in proto.message_type if m.name == "Coordinates")
+    kept = [f for f in coords.field if f.name != "attempt"]
+    del coords.field[:]
+    coords.field.extend(kept)
+    del coords.oneof_decl[:]  # proto3 `optional` adds a synthetic oneof for the field
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("smon.v1.Batch"))
+
+
+def test_the_attempt_keeps_the_wire_compatible_both_ways():
+    from smon.v1 import ingest_pb2 as pb
+
+    older = _older_batch_class()
+    new = pb.Batch(agent_id="a", seq=1, coords=pb.Coordinates(job="j", rank=3, world_size=4, attempt=2))
+    new.steps.add(step=7, start_time=1.0, end_time=2.0, duration=1.0)
+    seen_by_old = older.FromString(new.SerializeToString())  # an older server reads a newer agent
+    assert (seen_by_old.coords.job, seen_by_old.coords.rank, seen_by_old.steps[0].step) == ("j", 3, 7)
+    assert not hasattr(seen_by_old.coords, "attempt")
+    from_old = older(agent_id="b", seq=1)
+    from_old.coords.job, from_old.coords.rank, from_old.coords.world_size = "j", 1, 4
+    seen_by_new = pb.Batch.FromString(from_old.SerializeToString())  # a newer server, an older agent
+    assert seen_by_new.coords.job == "j" and not seen_by_new.coords.HasField("attempt")

@@ -27,7 +27,7 @@ def job(db: Database, job_id: str = "j", *, step_ago: float = 1.0, **result: Any
 
 def set_result(db: Database, job_id: str = "j", **values: Any) -> None:
     with db.transaction() as s:
-        row = s.get(AnalysisResult, job_id)
+        row = s.get(AnalysisResult, (job_id, 1))
         assert row is not None
         for k, v in values.items():
             setattr(row, k, v)
@@ -128,12 +128,12 @@ def test_stalled_job_fires_at_once_and_each_host_gets_one_incident(db: Database)
         by_key["smon/slow/gpu_unhealthy/node-4"].id,  # for 0: at once
     }
     stalled = by_key["smon/hung/job_stalled"]
-    assert stalled.state == "firing" and stalled.details == where  # where each rank stands
+    assert stalled.state == "firing" and stalled.details == {**where, "attempt": 1}  # where each rank stands
     assert "suspect rank(s) 3" in stalled.summary
     assert by_key["smon/slow/job_straggling"].severity == "critical"
     details = by_key["smon/slow/job_straggling"].details or {}
     assert (details["worst_rank"], details["cause"]) == (3, "slow_worker")
-    assert by_key["smon/slow/worker_straggling/node-1"].details == {"ranks": [3, 2]}
+    assert by_key["smon/slow/worker_straggling/node-1"].details == {"ranks": [3, 2], "attempt": 1}
     assert "smon/slow/worker_straggling/node-4" in by_key
     assert len(by_key) == 5  # one per (job, rule[, host]), not one per rank
 
@@ -198,7 +198,11 @@ def test_ranks_that_stop_reporting_while_others_go_on(db: Database) -> None:
         out = evaluate(s, now=T0, rules=DEFAULT_RULES, stall_seconds=120, horizon=1e7)
     assert out is not None and [t.kind for t in out] == ["firing"]
     (alert,) = alerts(db)
-    assert alert.rule == "ranks_not_reporting" and alert.details == {"ranks": [2], "hosts": [""]}
+    assert alert.rule == "ranks_not_reporting" and alert.details == {
+        "ranks": [2],
+        "hosts": [""],
+        "attempt": 1,
+    }
     assert "rank 2" in alert.summary
 
 

@@ -70,7 +70,14 @@ def test_jobs_list_has_the_contract_fields(client: httpx.Client, slow_job: str) 
         "last_seen",
     }
     # ... and the list also says who straggles and why, so a jobs page needs no second request.
-    assert set(job) == contract | {"stragglers", "worst_rank", "leading_cause", "computed_at"}
+    assert set(job) == contract | {
+        "stragglers",
+        "worst_rank",
+        "leading_cause",
+        "computed_at",
+        "attempt",
+        "attempts",
+    }
     assert job["stragglers"] >= 1 and job["worst_rank"] == SLOW_RANK and job["leading_cause"]
     assert job["state"] == "running"
     assert (job["world_size"], job["last_step"]) == (WORLD, STEPS - 1)

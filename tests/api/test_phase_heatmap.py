@@ -21,6 +21,7 @@ from smon_server.store.step_window import read_window
 from smon_server.views.heatmap import downsample, response_json, select
 from tests import factories as f
 from tests.api.test_jobs import SLOW_RANK, STEPS, WORLD, analyse, push_job
+from tests.conftest import server_settings
 
 PHASES = ("forward", "backward", "grad_sync", "data_wait", "step_time", "other", "gc", "checkpoint")
 
@@ -43,7 +44,7 @@ def direct(server: BackgroundServer, job_id: str, metric: str, lo: int | None, h
     """The grid from the stored step records, as the API computed it before the columns."""
     assert server.context is not None
     with server.context.db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, (job_id, 1))
         assert job is not None
         records = read_window(session=session, job=job, from_step=lo, to_step=hi)
     ranks, ri = np.unique(records.rank, return_inverse=True)
@@ -85,11 +86,21 @@ def test_phase_heatmaps_equal_the_records(server: BackgroundServer, client: http
     assert fwd["values"][0][0] == pytest.approx(0.010)
 
 
+@pytest.fixture
+def server_between_passes(database_url: str) -> Iterator[BackgroundServer]:
+    """A server that analyses only when the test says (the shared one passes every 0.5 s, and a
+    pass between the test's write and its read would take the new steps into the window)."""
+    with BackgroundServer(server_settings(database_url, analysis_interval=3600)) as running:
+        yield running
+
+
 def test_steps_outside_the_stored_window_come_from_the_records(
-    server: BackgroundServer, client: httpx.Client
+    server_between_passes: BackgroundServer,
 ) -> None:
     """Steps stored after the last pass: a range that reaches them reads them from the records;
     the default window is the pass's, as the slowdown heatmap's is."""
+    server = server_between_passes
+    client = httpx.Client(base_url=server.http_url, timeout=30)
     job_id = f.new_job_id("late")
     push_job(server, job_id)
     analyse(server)
@@ -105,6 +116,7 @@ def test_steps_outside_the_stored_window_come_from_the_records(
     assert fresh == expected(direct(server, job_id, "backward", 20, STEPS + 4), job_id, "backward")
     assert fresh["steps"][-1] == STEPS + 4
     default = client.get(url, params={"metric": "backward"}).json()
+    client.close()
     assert default["steps"] == list(range(STEPS))
 
 

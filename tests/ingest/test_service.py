@@ -52,7 +52,7 @@ def test_push_stores_steps_agent_job_and_gpu_samples(
     assert _count(server, GpuSample) == 1
     assert server.context is not None
     with server.context.db.session() as session:
-        stored = session.get(Job, job)
+        stored = session.get(Job, (job, 1))
         assert stored is not None and stored.world_size == 2 and stored.last_step == 2
         agent = session.scalars(select(Agent)).one()
         assert (agent.rank, agent.hb_phase, agent.hb_current_step) == (0, "forward", 3)
@@ -301,7 +301,7 @@ def test_a_step_table_is_stored_like_the_same_records_sent_as_messages(
     with server.context.db.session() as session:
         windows = []
         for job_id in (as_rows, as_table):
-            job = session.get(Job, job_id)
+            job = session.get(Job, (job_id, 1))
             assert job is not None and job.last_step == 19
             windows.append(read_window(session=session, job=job, from_step=0, to_step=19))
     rows, table = windows

@@ -41,7 +41,7 @@ def db(database_url: str) -> Iterator[Database]:
 def direct(db: Database, job_id: str, metric: str, lo: int | None, hi: int | None) -> Grid:
     """The grid from the stored records, computed here without the stored columns."""
     with db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, (job_id, 1))
         assert job is not None
         records = read_window(session=session, job=job, from_step=lo, to_step=hi)
     ranks, ri = np.unique(records.rank, return_inverse=True)
@@ -53,7 +53,7 @@ def direct(db: Database, job_id: str, metric: str, lo: int | None, hi: int | Non
 
 def served(db: Database, job_id: str, metric: str, window: StepWindow, **zoom: int | None) -> Grid:
     with db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, (job_id, 1))
         assert job is not None
         return analysis.phase_heatmap(
             session=session, job=job, metric=metric, window=window, default_last=WINDOW, **zoom
@@ -70,7 +70,7 @@ def assert_same(a: Grid, b: Grid, what: str) -> None:
 def analyse_and_store(db: Database, job_id: str, settings: Settings, now: float) -> dict:
     """One pass as the loop runs it: analyse, then store in the job's transaction."""
     with db.transaction() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, (job_id, 1))
         assert job is not None
         result = analysis.analyze_job(session=session, job=job, settings=settings, now=now)
         assert result["phase_columns"] is not None
@@ -104,8 +104,10 @@ def test_stored_phase_grids_equal_the_records_pass_after_pass(
         write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin + 1)
         analyse_and_store(db, job_id, settings, origin + 2)
         with db.session() as session:
+            job = queries.get_job(session=session, job_id=job_id)
+            assert job is not None
             lo, hi = queries.resolve_window(
-                session=session, job_id=job_id, window=StepWindow(), default_last=WINDOW
+                session=session, job=job, window=StepWindow(), default_last=WINDOW
             )
         assert stored_steps(db, job_id) == (lo, hi)  # the pass's window, no more
         for metric in METRICS:
@@ -174,7 +176,7 @@ def test_a_restart_and_a_lost_pass_keep_the_grids_right(
     ]
     write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
     with db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, (job_id, 1))
         assert job is not None
         analysis.analyze_job(session=session, job=job, settings=settings, now=origin)  # not stored
     more, origin = _steps(60, 5, origin)

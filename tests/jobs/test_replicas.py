@@ -1,14 +1,16 @@
 """Two server processes on one PostgreSQL share a job: its ranks stream to different replicas, the
-job has one analysis and one set of alerts, and whichever replica survives a SIGKILL goes on
-analysing it."""
+job has one analysis and one set of alerts, whichever replica survives a SIGKILL goes on
+analysing it, and both put a restarted job's new run in the same new attempt."""
 
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 
 import grpc
+import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -26,14 +28,31 @@ class Replica:
     def __init__(self, url: str) -> None:
         self.url = url
         self.grpc = free_port()
-        self.process: subprocess.Popen[bytes] = start_server(url, free_port(), self.grpc, ENV)
+        self.http = free_port()
+        self.process: subprocess.Popen[bytes] = start_server(url, self.http, self.grpc, ENV)
 
-    def push(self, job: str, ranks: list[int], steps: range, seq: int, origin: float) -> None:
+    def push(
+        self,
+        job: str,
+        ranks: list[int],
+        steps: range,
+        seq: int,
+        origin: float,
+        *,
+        run: str = "",
+        reported: int | None = None,
+        final: bool = False,
+    ) -> None:
         records = f.dp_job_steps(RANKS, steps, slow_rank=2, slow_forward=0.020, origin=origin)
         with grpc.insecure_channel(f"127.0.0.1:{self.grpc}") as channel:
             stub = pb_grpc.IngestStub(channel)
             for r in ranks:
-                ack = stub.Push(f.batch(job, r, RANKS, seq=seq, steps=records[r], agent_id=f"{job}-{r}"))
+                batch = f.batch(
+                    job, r, RANKS, seq=seq, steps=records[r], agent_id=f"{job}{run}-{r}", final=final
+                )
+                if reported is not None:
+                    batch.coords.attempt = reported
+                ack = stub.Push(batch)
                 assert ack.accepted == len(steps)
 
     def kill(self) -> None:
@@ -111,3 +130,57 @@ def test_replicas_share_a_job_and_the_survivor_takes_it_over(
     assert analysed_to(postgres_url, job, 139) < 15
     rules, rows, worst = stored(postgres_url, job)
     assert rows == 1 and worst == 2 and len(rules) == len(set(rules)), rules
+
+
+def test_replicas_put_a_restarted_jobs_new_run_in_one_attempt(
+    replicas: list[Replica], postgres_url: str
+) -> None:
+    """Each job's new run starts on both replicas at the same moment, half its ranks on each."""
+    a, b = replicas
+    origin = time.time() - 120
+    resubmitted, elastic = f.new_job_id("resubmitted"), f.new_job_id("elastic")
+    for replica, ranks in ((a, [0, 1]), (b, [2, 3])):
+        replica.push(resubmitted, ranks, range(0, 30), seq=1, origin=origin)
+        replica.push(elastic, ranks, range(0, 30), seq=1, origin=origin, reported=0)
+    for replica, ranks in ((a, [0, 1]), (b, [2, 3])):
+        replica.push(resubmitted, ranks, range(0, 0), seq=2, origin=origin, final=True)  # goodbye
+    gate = threading.Barrier(4)
+
+    def new_run(replica: Replica, job: str, ranks: list[int], reported: int | None) -> None:
+        gate.wait(10)
+        replica.push(job, ranks, range(0, 30), seq=1, origin=origin + 60, run="-again", reported=reported)
+
+    runs = [
+        threading.Thread(target=new_run, args=(replica, job, ranks, reported))
+        for job, reported in ((resubmitted, None), (elastic, 1))
+        for replica, ranks in ((a, [0, 1]), (b, [2, 3]))
+    ]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join(60)
+    engine = create_engine(postgres_url)
+    try:
+        with engine.connect() as c:
+            for job in (resubmitted, elastic):
+                placed = c.execute(
+                    text("SELECT agent_id, attempt FROM agents WHERE job_id = :j ORDER BY agent_id"),
+                    {"j": job},
+                ).all()
+                assert {n for agent, n in placed if "-again-" in agent} == {2}, placed
+                assert {n for agent, n in placed if "-again-" not in agent} == {1}, placed
+                count = c.execute(text("SELECT count(*) FROM jobs WHERE job_id = :j"), {"j": job}).scalar()
+                assert count == 2
+    finally:
+        engine.dispose()
+    for replica in (a, b):
+        for job in (resubmitted, elastic):
+            deadline = time.monotonic() + 30
+            while True:
+                body = httpx.get(
+                    f"http://127.0.0.1:{replica.http}/api/v1/jobs/{job}/summary", timeout=30
+                ).json()
+                if body["to_step"] == 29 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+            assert (body["attempt"], body["attempts"], body["from_step"], body["to_step"]) == (2, 2, 10, 29)

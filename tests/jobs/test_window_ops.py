@@ -126,7 +126,7 @@ def test_incremental_passes_match_cold_passes(
         held = records[3]
         write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin + 1)
         with db.session() as session:
-            job = session.get(Job, job_id)
+            job = session.get(Job, (job_id, 1))
             assert job is not None
             kept = analysis.analyze_job(session=session, job=job, settings=settings, now=origin + 2)
             incremental_passes += int(built[-1].incremental)
@@ -155,7 +155,7 @@ def test_a_restart_rebuilds_the_window(db: Database, monkeypatch: pytest.MonkeyP
         now=origin,
     )
     with db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, (job_id, 1))
         assert job is not None
         analysis.analyze_job(session=session, job=job, settings=settings, now=origin)
     # Every rank restarts from its checkpoint at step 30, under new agent ids, and runs on.
@@ -165,7 +165,7 @@ def test_a_restart_rebuilds_the_window(db: Database, monkeypatch: pytest.MonkeyP
     ]
     write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
     with db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, (job_id, 1))
         assert job is not None
         kept = analysis.analyze_job(session=session, job=job, settings=settings, now=origin)
         monkeypatch.setattr(analysis, "_cache", None)
@@ -193,7 +193,7 @@ def test_a_cold_build_in_chunks_matches_one_read_whole(db: Database, monkeypatch
     for chunk in (10_000, 7, 3):
         monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
         with db.session() as session:
-            job = session.get(Job, job_id)
+            job = session.get(Job, (job_id, 1))
             assert job is not None
             results.append(
                 _comparable(analysis.analyze_job(session=session, job=job, settings=settings, now=origin))
@@ -216,7 +216,7 @@ def test_a_kept_table_serves_only_its_own_database(tmp_path: Path, monkeypatch: 
         write_batches(database, [validate_batch(b, Limits()) for b in batches], now=f.T0 + 10)
         settings = server_settings(database.url, warmup_steps=2)
         with database.session() as session:
-            job = session.get(Job, "twin")
+            job = session.get(Job, ("twin", 1))
             assert job is not None and job.key == 1
             summary = analysis.analyze_job(session=session, job=job, settings=settings, now=f.T0 + 10)[
                 "summary"

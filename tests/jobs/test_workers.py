@@ -51,7 +51,7 @@ def context(database_url: str) -> Iterator[ServerContext]:
 def stored(ctx: ServerContext, job: str) -> dict[str, Any]:
     """The stored analysis's summary, read while its (deferred) columns can still load."""
     with ctx.db.session() as session:
-        row = session.get(AnalysisResult, job)
+        row = session.get(AnalysisResult, (job, 1))
         assert row is not None and row.summary is not None
         return dict(row.summary)
 

@@ -88,7 +88,7 @@ def test_numbers_follow_the_database_without_restart(db: Database) -> None:
     registry.register(JobsCollector(db, Settings(), clock=lambda: now))
     assert registry.get_sample_value("smon_job_slowdown_ratio", {"job": "j"}) == 1.6
     with db.transaction() as s:
-        row = s.get(AnalysisResult, "j")
+        row = s.get(AnalysisResult, ("j", 1))
         assert row is not None
         row.slowdown = 1.05
     assert registry.get_sample_value("smon_job_slowdown_ratio", {"job": "j"}) == 1.05

@@ -58,10 +58,9 @@ def test_sql_state_matches_the_python_rule_and_filters_page(db: Database) -> Non
         add_job(s, "no-agents", now, step_ago=None, agents=[], seen_ago=5)
     with db.session() as s:
         page, total = queries.job_page(session=s, now=now, stall_seconds=STALL)
-        facts = queries.liveness_facts(session=s)
         states = {r.job.job_id: r.live_state for r in page}
         for row in page:
-            all_final, heard = facts.get(row.job.job_id, (False, None))
+            all_final, heard = queries.liveness_facts(session=s, job=row.job)
             expected = job_state(row.job, all_final=all_final, last_heard=heard, now=now, stall_seconds=STALL)
             assert row.live_state == expected.value, row.job.job_id
         assert total == 6

@@ -9,7 +9,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from smon_server.store import migrate
+from smon_server.store import migrate, queries
 from smon_server.store.db import Database
 from smon_server.store.models import Base
 from smon_server.store.partitions import alembic_include_name
@@ -94,8 +94,8 @@ def test_0003_downgrades_and_upgrades_again(db: Database) -> None:
     with db.engine.begin() as c:
         c.execute(
             sa.text(
-                "INSERT INTO analysis_results (job_id, computed_at, state, steps_seen, stragglers, "
-                "leading_cause, summary) VALUES ('j', 5.0, 'running', 1, 0, '', :s)"
+                "INSERT INTO analysis_results (job_id, attempt, computed_at, state, steps_seen, stragglers, "
+                "leading_cause, summary) VALUES ('j', 1, 5.0, 'running', 1, 0, '', :s)"
             ),
             {"s": '{"slowdown": 1.25}'},
         )
@@ -194,7 +194,7 @@ def test_0005_packs_stored_step_records_and_downgrades_them_back(database_url: s
             c.execute(sa.text(f"INSERT INTO step_records ({columns}) VALUES ({values})"), rows)
         migrate.upgrade(db)
         with db.session() as session:
-            job = session.get(Job, "j")
+            job = session.get(Job, ("j", 1))
             assert job is not None
             cols = read_window(session=session, job=job, from_step=None, to_step=None)
         assert list(cols.rank) == [0, 1] and list(cols.dp_rank) == [0, 1]
@@ -215,5 +215,88 @@ def test_0005_packs_stored_step_records_and_downgrades_them_back(database_url: s
         assert load(back[1]["microbatch_seq"]) == [[0, 1, 10, 100.0, 10], [1, 1, 20, 400.0, 20]]
         assert back[1]["seq_sum_sq"] == 500.0 and back[0]["agent_id"] == "a0"
         migrate.upgrade(db)
+    finally:
+        db.dispose()
+
+
+def test_0009_makes_stored_jobs_attempt_1_and_its_downgrade_keeps_the_newest(database_url: str) -> None:
+    """Jobs stored before 0009 become attempt 1 of themselves, with everything keyed by them; a
+    second attempt can then be stored beside the first; the downgrade keeps each job's newest."""
+    import sqlalchemy as sa
+
+    db = Database(database_url)
+    try:
+        migrate.upgrade(db, "0008")
+        with db.engine.begin() as c:
+            c.execute(
+                sa.text(
+                    "INSERT INTO jobs (job_id, key, world_size, dp_size, pp_size, tp_size, first_seen, "
+                    "last_seen, last_step, gpu_hours_wasted) VALUES ('j', 7, 2, 2, 1, 1, 1.0, 2.0, 5, 0.5)"
+                )
+            )
+            c.execute(
+                sa.text(
+                    "INSERT INTO agents (agent_id, key, job_id, rank, local_rank, host, gpu_uuid, dp_rank, "
+                    "pp_rank, tp_rank, pid, agent_version, backend, clock_offset, first_seen, last_seen, "
+                    "dropped_records, errors, final, hb_phase) VALUES ('a0', 3, 'j', 0, 0, 'h', '', 0, 0, 0, "
+                    "1, '', '', 0.0, 1.0, 2.0, 0, 0, false, '')"
+                )
+            )
+            c.execute(
+                sa.text(
+                    "INSERT INTO analysis_results (job_id, computed_at, state, steps_seen, stragglers, "
+                    "leading_cause, flagged) VALUES ('j', 5.0, 'finished', 1, 0, '', false)"
+                )
+            )
+            c.execute(
+                sa.text(
+                    "INSERT INTO job_trend (job_id, bucket, first_step, last_step, step_times, ideal_times, "
+                    "stragglers, leading_cause, computed_at) VALUES ('j', 0, 0, 5, :b, :b, '[]', '', 5.0)"
+                ),
+                {"b": b"\x00" * 200},
+            )
+            c.execute(
+                sa.text(
+                    "INSERT INTO step_records (job_key, step, rank, start_time, duration, agent_key, "
+                    "gc_count, gc_seconds, spans) VALUES (7, 5, 0, 1.5, 0.1, 3, 0, 0.0, :s)"
+                ),
+                {"s": b""},
+            )
+        migrate.upgrade(db)
+        with db.engine.begin() as c:
+            for table in ("jobs", "agents", "analysis_results", "job_trend"):
+                assert c.execute(sa.text(f"SELECT attempt FROM {table}")).scalars().all() == [1], table
+            # A second attempt of the same job id is a row of its own, with its own key and rows.
+            c.execute(
+                sa.text(
+                    "INSERT INTO jobs (job_id, attempt, key, world_size, dp_size, pp_size, tp_size, "
+                    "first_seen, last_seen, gpu_hours_wasted) VALUES ('j', 2, 8, 2, 2, 1, 1, 3.0, 4.0, 0.0)"
+                )
+            )
+            c.execute(
+                sa.text(
+                    "INSERT INTO analysis_results (job_id, attempt, computed_at, state, steps_seen, "
+                    "stragglers, leading_cause, flagged) VALUES ('j', 2, 5.0, 'running', 1, 0, '', false)"
+                )
+            )
+            c.execute(
+                sa.text(
+                    "INSERT INTO step_records (job_key, step, rank, start_time, duration, agent_key, "
+                    "gc_count, gc_seconds, spans) VALUES (8, 5, 0, 3.5, 0.1, 4, 0, 0.0, :s)"
+                ),
+                {"s": b""},
+            )
+        with db.session() as session:
+            newest = queries.get_job(session=session, job_id="j")
+            assert newest is not None and (newest.attempt, newest.key) == (2, 8)
+        migrate.downgrade(db, "0008")
+        with db.engine.connect() as c:
+            assert c.execute(sa.text("SELECT key FROM jobs")).scalars().all() == [8]
+            assert c.execute(sa.text("SELECT job_key FROM step_records")).scalars().all() == [8]
+            assert c.execute(sa.text("SELECT state FROM analysis_results")).scalars().all() == ["running"]
+            assert c.execute(sa.text("SELECT count(*) FROM agents")).scalar() == 0  # attempt 1's
+            assert c.execute(sa.text("SELECT count(*) FROM job_trend")).scalar() == 0
+        migrate.upgrade(db)
+        assert migrate.current_revision(db) is not None
     finally:
         db.dispose()

@@ -64,7 +64,7 @@ def test_retention_keeps_the_stored_analysis_of_a_job_whose_steps_are_gone(datab
         store(context.db, "done", f.T0, range(0, 30))
         assert loop.analyse_one(context, "done", f.T0 + 60)
         with context.db.session() as session:
-            before = session.get(AnalysisResult, "done")
+            before = session.get(AnalysisResult, ("done", 1))
             assert before is not None and before.steps_seen > 0
             summary_before = dict(before.summary or {})
         later = f.T0 + 20 * DAY
@@ -74,7 +74,7 @@ def test_retention_keeps_the_stored_analysis_of_a_job_whose_steps_are_gone(datab
         assert left == 0
         loop.analysis_pass(context, later)
         with context.db.session() as session:
-            after = session.get(AnalysisResult, "done")
+            after = session.get(AnalysisResult, ("done", 1))
             assert after is not None and after.state == "finished"  # its agents went quiet
             assert after.summary == summary_before | {"state": "finished"}
             assert after.steps_seen == before.steps_seen and after.slowdown == before.slowdown

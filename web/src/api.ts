@@ -2,6 +2,8 @@
 
 export interface Job {
   job_id: string;
+  attempt: number; // the newest attempt of the job (a restart under the same id is a new one)
+  attempts: number;
   state: string;
   world_size: number;
   last_step: number | null;
@@ -16,8 +18,24 @@ export interface Job {
   computed_at: string | null;
 }
 
-/** GPU-hours the job has run: every rank from its first report to its last. */
-export function gpuHours(job: Job): number {
+/** One attempt of a job (`GET /jobs/{id}/attempts`): a run under the job id, numbered from 1. */
+export interface Attempt {
+  attempt: number;
+  state: string;
+  world_size: number;
+  last_step: number | null;
+  slowdown: number | null;
+  gpu_hours_wasted: number;
+  first_seen: string;
+  last_seen: string;
+  reported_attempt: number | null;
+}
+
+/** The figures of one run: a job's newest attempt (a jobs-list row) or any attempt. */
+export type Run = Pick<Job, "world_size" | "last_step" | "gpu_hours_wasted" | "first_seen" | "last_seen">;
+
+/** GPU-hours the job (attempt) has run: every rank from its first report to its last. */
+export function gpuHours(job: Run): number {
   return (job.world_size * Math.max(0, Date.parse(job.last_seen) - Date.parse(job.first_seen))) / 3.6e6;
 }
 
@@ -48,6 +66,8 @@ export interface Diagnosis {
 
 export interface Summary {
   job_id: string;
+  attempt: number;
+  attempts: number;
   state: string;
   world_size: number;
   steps_seen: number;
@@ -158,6 +178,8 @@ export interface GpuSample {
 
 export interface Worker {
   job_id: string;
+  attempt: number;
+  attempts: number;
   rank: number;
   host: string;
   dp_rank: number;

@@ -49,7 +49,7 @@ function App() {
   if (route.page === "jobs") page = <JobsPage key={authEpoch} search={search} info={i} />;
   else if (route.page === "alerts") page = <AlertsPage key={authEpoch} search={search} info={i} />;
   else if (route.page === "job") page = <JobPage key={`${route.jobId}|${authEpoch}`} jobId={route.jobId} search={search} info={i} />;
-  else if (route.page === "worker") page = <WorkerPage key={`${route.jobId}|${route.rank}|${authEpoch}`} jobId={route.jobId} rank={route.rank} info={i} />;
+  else if (route.page === "worker") page = <WorkerPage key={`${route.jobId}|${route.rank}|${authEpoch}`} jobId={route.jobId} rank={route.rank} search={search} info={i} />;
   else
     page = (
       <main>

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Coordinates(_message.Message):
-    __slots__ = ("job", "rank", "world_size", "local_rank", "host", "gpu_uuid", "dp_rank", "pp_rank", "tp_rank", "dp_size", "pp_size", "tp_size", "pid", "agent_version", "backend")
+    __slots__ = ("job", "rank", "world_size", "local_rank", "host", "gpu_uuid", "dp_rank", "pp_rank", "tp_rank", "dp_size", "pp_size", "tp_size", "pid", "agent_version", "backend", "attempt")
     JOB_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class Coordinates(_message.Message):
     PID_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job: str
     rank: int
     world_size: int
@@ -38,7 +39,8 @@ class Coordinates(_message.Message):
     pid: int
     agent_version: str
     backend: str
-    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., host: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., dp_rank: _Optional[int] = ..., pp_rank: _Optional[int] = ..., tp_rank: _Optional[int] = ..., dp_size: _Optional[int] = ..., pp_size: _Optional[int] = ..., tp_size: _Optional[int] = ..., pid: _Optional[int] = ..., agent_version: _Optional[str] = ..., backend: _Optional[str] = ...) -> None: ...
+    attempt: int
+    def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., host: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., dp_rank: _Optional[int] = ..., pp_rank: _Optional[int] = ..., tp_rank: _Optional[int] = ..., dp_size: _Optional[int] = ..., pp_size: _Optional[int] = ..., tp_size: _Optional[int] = ..., pid: _Optional[int] = ..., agent_version: _Optional[str] = ..., backend: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Span(_message.Message):
     __slots__ = ("kind", "start", "duration", "microbatch", "chunk")

@@ -6,6 +6,12 @@ lifecycle lives in the `alerts` table, so a restarted server picks up where it l
 replica evaluates at a time (a PostgreSQL advisory lock). Flagged analyses (the replay misses the
 measured steps by > 5 %) and warm-up windows (no S yet) never page.
 
+Rules are evaluated on each job's newest attempt (a restart under the same id, store/attempts.py):
+an incident is per (job, rule[, host]), not per attempt, so a condition that holds across a
+restart stays one incident (the restart did not fix it: nobody is paged twice), an incident that
+resolved in an old attempt stays resolved, and the old attempt's stored analysis is never read
+again. The incident's details name the attempt it was last true in.
+
 `evaluate` returns the transitions (fired, resolved) for notifiers to send.
 """
 
@@ -22,7 +28,7 @@ from sqlalchemy.orm import Session
 from smon_server.alerts.rules import Rule
 from smon_server.store import queries
 from smon_server.store.leases import try_lease
-from smon_server.store.models import Alert, AlertCounter, Silence
+from smon_server.store.models import Alert, AlertCounter, Job, Silence
 
 OPEN = ("pending", "firing")
 LEASE = "smon:alert-evaluation"  # one lease for the whole evaluation, beside the per-job ones
@@ -36,6 +42,7 @@ class Condition:
     severity: str
     summary: str
     details: dict[str, Any] = field(default_factory=dict)
+    attempt: int | None = None  # the job attempt it holds in (its newest); None: job-wide
 
     @property
     def key(self) -> str:
@@ -60,26 +67,28 @@ def conditions(
     by_name = {r.name: r for r in rules if r.enabled}
     found: list[Condition] = []
     for row in rows:
+        job, result = row.job, row.result
+        name = _job_name(job.job_id, job.attempt)
         rule = by_name.get("ranks_not_reporting")
         quiet = row.quietest is not None and now - row.quietest > stall_seconds
         if rule and quiet and row.live_state == "running" and session is not None:
-            silent = queries.silent_ranks(session=session, job_id=row.job.job_id, before=now - stall_seconds)
+            silent = queries.silent_ranks(session=session, job=job, before=now - stall_seconds)
             if silent:
                 found.append(
                     Condition(
                         rule,
-                        row.job.job_id,
+                        job.job_id,
                         "",
                         rule.severity,
-                        f"{len(silent)} rank(s) of job {row.job.job_id} stopped reporting: "
+                        f"{len(silent)} rank(s) of job {name} stopped reporting: "
                         + ", ".join(f"rank {r} on {h or '?'}" for r, h in silent[:8]),
                         {"ranks": [r for r, _ in silent], "hosts": sorted({h for _, h in silent})},
+                        job.attempt,
                     )
                 )
-        job, result = row.job, row.result
         rule = by_name.get("job_stalled")
         if rule and row.live_state == "stalled":
-            where = _hang_evidence(session, job.job_id) if session is not None else {}
+            where = _hang_evidence(session, job.job_id, job.attempt) if session is not None else {}
             suspects = f": suspect rank(s) {where['suspect_ranks']}" if where.get("suspect_ranks") else ""
             found.append(
                 Condition(
@@ -87,8 +96,9 @@ def conditions(
                     job.job_id,
                     "",
                     rule.severity,
-                    f"Job {job.job_id} is alive but no step completes{suspects}",
+                    f"Job {name} is alive but no step completes{suspects}",
                     where,
+                    job.attempt,
                 )
             )
         if result is None or result.flagged or row.live_state != "running":
@@ -104,7 +114,7 @@ def conditions(
                     job.job_id,
                     "",
                     "critical" if critical else rule.severity,
-                    f"Job {job.job_id} runs {s:.2f}x slower than it would without stragglers",
+                    f"Job {name} runs {s:.2f}x slower than it would without stragglers",
                     {
                         "slowdown": s,
                         "window_slowdown": result.slowdown,
@@ -113,6 +123,7 @@ def conditions(
                         "worst_host": worst.get("host"),
                         "cause": worst.get("cause") or result.leading_cause or None,
                     },
+                    job.attempt,
                 )
             )
         stragglers = result.recent_stragglers or []
@@ -120,29 +131,34 @@ def conditions(
         if rule:
             sick = [x for x in stragglers if x.get("cause") == "gpu_throttling"]
             found += _per_host(
-                rule, job.job_id, sick, "GPU of rank(s) {ranks} on {host} throttles and slows job {job}"
+                rule, job, sick, "GPU of rank(s) {ranks} on {host} throttles and slows job {job}"
             )
         rule = by_name.get("worker_straggling")
         if rule:
-            found += _per_host(
-                rule, job.job_id, stragglers, "Rank(s) {ranks} on {host} straggle in job {job}"
-            )
+            found += _per_host(rule, job, stragglers, "Rank(s) {ranks} on {host} straggle in job {job}")
     return found
 
 
-def _per_host(rule: Rule, job_id: str, stragglers: Sequence[dict[str, Any]], text: str) -> list[Condition]:
+def _job_name(job_id: str, attempt: int) -> str:
+    """The job as a page names it: its id, and its attempt once it was restarted."""
+    return job_id if attempt == 1 else f"{job_id} (attempt {attempt})"
+
+
+def _per_host(rule: Rule, job: Job, stragglers: Sequence[dict[str, Any]], text: str) -> list[Condition]:
     """One condition per host of `stragglers` ([{rank, host, cause}]), naming its ranks."""
     hosts: dict[str, list[int]] = {}
     for s in stragglers:
         hosts.setdefault(str(s.get("host", "")), []).append(int(s["rank"]))
+    name = _job_name(job.job_id, job.attempt)
     return [
         Condition(
             rule,
-            job_id,
+            job.job_id,
             host,
             rule.severity,
-            text.format(ranks=", ".join(map(str, ranks)), host=host or "an unknown host", job=job_id),
+            text.format(ranks=", ".join(map(str, ranks)), host=host or "an unknown host", job=name),
             {"ranks": ranks},
+            job.attempt,
         )
         for host, ranks in hosts.items()
     ]
@@ -222,10 +238,10 @@ def _gpu_faults(
     return out
 
 
-def _hang_evidence(session: Session, job_id: str) -> dict[str, Any]:
-    """Where each rank stands, from the hang diagnosis of the job's stored analysis (which the
-    loop refreshes as soon as a job stalls)."""
-    parts = queries.result_parts(session=session, job_id=job_id, parts=["summary"]) or {}
+def _hang_evidence(session: Session, job_id: str, attempt: int) -> dict[str, Any]:
+    """Where each rank stands, from the hang diagnosis of the job attempt's stored analysis
+    (which the loop refreshes as soon as a job stalls)."""
+    parts = queries.result_parts(session=session, job_id=job_id, attempt=attempt, parts=["summary"]) or {}
     for d in (parts.get("summary") or {}).get("diagnoses") or []:
         if d.get("cause") == "hang":
             return dict(d.get("evidence") or {})
@@ -277,7 +293,7 @@ def evaluate(
         alert.last_true_at = now
         alert.severity = cond.severity
         alert.summary = cond.summary[:1024]
-        alert.details = cond.details
+        alert.details = cond.details if cond.attempt is None else {**cond.details, "attempt": cond.attempt}
         if alert.state == "pending" and now - alert.started_at >= cond.rule.for_seconds:
             alert.state, alert.fired_at = "firing", now
             transitions.append(alert)

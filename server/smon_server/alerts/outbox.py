@@ -20,14 +20,21 @@ from smon_server.store.models import Alert, Notification
 
 
 def message(session: Session, alert: Alert, event: str, public_url: str) -> Message:
-    """The event with the job's latest analysis around it: S, waste, worst ranks, cause, advice."""
-    parts = queries.result_parts(session=session, job_id=alert.job_id, parts=["summary"]) or {}
+    """The event with the latest analysis of the job attempt it holds in around it: S, waste,
+    worst ranks, cause, advice. Once the job has more than one attempt, the link names it."""
+    details = dict(alert.details or {})
+    attempt = int(details.get("attempt") or 1)
+    parts = (
+        queries.result_parts(session=session, job_id=alert.job_id, attempt=attempt, parts=["summary"]) or {}
+    )
     summary: dict[str, Any] = parts.get("summary") or {}
     recent = (summary.get("recent") or {}).get("stragglers") or []
     stragglers = recent or summary.get("stragglers") or []
     diagnoses = summary.get("diagnoses") or []
     lead = diagnoses[0] if diagnoses else {}
-    details = dict(alert.details or {})
+    link = f"{public_url.rstrip('/')}/jobs/{quote(alert.job_id, safe='')}"
+    if attempt > 1 or queries.attempt_count(session=session, job_id=alert.job_id) > 1:
+        link += f"?attempt={attempt}"
     return Message(
         event=event,
         alert_id=alert.id,
@@ -39,7 +46,7 @@ def message(session: Session, alert: Alert, event: str, public_url: str) -> Mess
         summary=alert.summary,
         started_at=alert.fired_at or alert.started_at,
         resolved_at=alert.resolved_at,
-        link=f"{public_url.rstrip('/')}/jobs/{quote(alert.job_id, safe='')}",
+        link=link,
         slowdown=details.get("slowdown", summary.get("slowdown")),
         waste_fraction=summary.get("waste_fraction"),
         worst_ranks=[

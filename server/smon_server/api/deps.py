@@ -61,6 +61,11 @@ ApiTokenDep = Annotated[None, Depends(require_api_token)]
 
 MAX_STEP = 2**62  # steps are stored as signed 64-bit integers: larger ones are a 422, not a 500
 MAX_RANK = 2**31 - 1  # ranks are stored as signed 32-bit integers
+# Which attempt of a job (a restart under the same id) a job route shows; default its newest.
+AttemptDep = Annotated[
+    int | None,
+    Query(ge=1, le=2**31 - 1, description="an attempt of the job (1: its first run); default its newest"),
+]
 # A stored row's integer id (alerts, silences): past the signed 64-bit column it is a 422.
 RowId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 

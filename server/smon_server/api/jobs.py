@@ -1,4 +1,8 @@
-"""/api/v1/jobs: what the analysis found, per job, per step, per rank and per worker."""
+"""/api/v1/jobs: what the analysis found, per job, per step, per rank and per worker.
+
+A job id may have several attempts (restarts under the same id, store/attempts.py): every job
+route shows the newest unless `?attempt=N` asks for another, and says which (`attempt`, of
+`attempts`)."""
 
 from __future__ import annotations
 
@@ -7,9 +11,21 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, HTTPException, Path, Query, Response
+from sqlalchemy import select
 
-from smon_server.api.deps import MAX_RANK, MAX_STEP, ApiTokenDep, ContextDep, DbDep, SettingsDep, WindowDep
+from smon_server.api.deps import (
+    MAX_RANK,
+    MAX_STEP,
+    ApiTokenDep,
+    AttemptDep,
+    ContextDep,
+    DbDep,
+    SettingsDep,
+    WindowDep,
+)
 from smon_server.api.schemas import (
+    AttemptOut,
+    AttemptsOut,
     GpuSampleOut,
     HeatmapOut,
     JobOut,
@@ -28,9 +44,9 @@ from smon_server.api.schemas import (
 )
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import loop, trend
-from smon_server.jobs.liveness import JobState
+from smon_server.jobs.liveness import JobState, job_state
 from smon_server.store import grids, queries
-from smon_server.store.models import Job
+from smon_server.store.models import AnalysisResult, Job
 from smon_server.store.queries import StepWindow
 from smon_server.store.step_window import read_window
 from smon_server.views import heatmap as heatmaps
@@ -40,11 +56,20 @@ router = APIRouter(prefix="/api/v1", tags=["jobs"])
 STRAGGLING = WhatIfConfig().straggling_threshold
 
 
-def _job_or_404(db: DbDep, job_id: str) -> Job:
-    job = queries.get_job(session=db, job_id=job_id)
+def _job_or_404(db: DbDep, job_id: str, attempt: int | None = None) -> Job:
+    """The job's attempt `attempt`, or its newest."""
+    job = queries.get_job(session=db, job_id=job_id, attempt=attempt)
     if job is None:
+        if attempt is not None and queries.get_job(session=db, job_id=job_id) is not None:
+            raise HTTPException(status_code=404, detail=f"job {job_id!r} has no attempt {attempt}")
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
     return job
+
+
+def _which(db: DbDep, job: Job, asked: int | None) -> dict[str, int]:
+    """`attempt` and `attempts` of a response: the newest attempt (nothing asked) is the count."""
+    count = job.attempt if asked is None else queries.attempt_count(session=db, job_id=job.job_id)
+    return {"attempt": job.attempt, "attempts": count}
 
 
 @router.get("/jobs", response_model=JobsOut)
@@ -80,12 +105,14 @@ def list_jobs(
             # Finished or stalled since its last analysis: analyse it now, so the state is never
             # shown next to numbers of another one (or another replica / the loop did it while
             # we waited for the lease: re-read anyway).
-            loop.analyse_one(context, job.job_id, now, state_change_only=True)
+            loop.analyse_one(context, job.job_id, now, attempt=job.attempt, state_change_only=True)
             db.rollback()  # end the read snapshot: see the result just stored
-            result = queries.results_by_job(session=db, job_ids=[job.job_id]).get(job.job_id)
+            result = queries.result_of(session=db, job=job)
         out.append(
             JobOut(
                 job_id=job.job_id,
+                attempt=job.attempt,
+                attempts=job.attempt,  # the list shows each job's newest attempt
                 state=result.state if result is not None and result.state else row.live_state,
                 world_size=job.world_size,
                 last_step=job.last_step,
@@ -109,9 +136,9 @@ def _analysis(db: DbDep, context: ContextDep, job: Job, window: StepWindow, *par
     in. Only the columns asked for are read: a summary never loads the heatmap."""
     now = time.time()
     if window.is_default:
-        loop.analyse_one(context, job.job_id, now, state_change_only=True)
+        loop.analyse_one(context, job.job_id, now, attempt=job.attempt, state_change_only=True)
         db.rollback()  # end the read snapshot: see the result just stored
-        stored = queries.result_parts(session=db, job_id=job.job_id, parts=parts)
+        stored = queries.result_parts(session=db, job_id=job.job_id, attempt=job.attempt, parts=parts)
         if stored is not None:
             if "heatmap" in stored:
                 stored["heatmap"] = grids.unpack(stored["heatmap"])
@@ -129,12 +156,14 @@ def summary(
     context: ContextDep,
     _auth: ApiTokenDep,
     window: WindowDep,
+    attempt: AttemptDep = None,
 ) -> SummaryOut:
-    job = _job_or_404(db, job_id)
+    job = _job_or_404(db, job_id, attempt)
     result = _analysis(db, context, job, window, "summary")
     body = dict(result["summary"] or {})
     body.update(
         job_id=job.job_id,
+        **_which(db, job, attempt),
         state=result["state"],
         world_size=job.world_size,
         # The job's running total; another window reports its own figure.
@@ -152,10 +181,13 @@ def steps(
     context: ContextDep,
     _auth: ApiTokenDep,
     window: WindowDep,
+    attempt: AttemptDep = None,
 ) -> StepsOut:
-    job = _job_or_404(db, job_id)
+    job = _job_or_404(db, job_id, attempt)
     result = _analysis(db, context, job, window, "steps")
-    return StepsOut(job_id=job_id, steps=[StepOut(**s) for s in result["steps"] or []])
+    return StepsOut(
+        job_id=job_id, **_which(db, job, attempt), steps=[StepOut(**s) for s in result["steps"] or []]
+    )
 
 
 @router.get("/jobs/{job_id:path}/trend", response_model=TrendOut)
@@ -166,16 +198,22 @@ def job_trend(
     from_step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
     to_step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
     max_points: Annotated[int, Query(ge=1, le=5000)] = 500,
+    attempt: AttemptDep = None,
 ) -> TrendOut:
-    """The job's whole history (beyond the analysis window, after its raw steps are dropped), in
-    buckets of steps merged to at most `max_points` points."""
-    job = _job_or_404(db, job_id)
-    points = trend.read(db, job.job_id, from_step=from_step, to_step=to_step, max_points=max_points)
+    """The job attempt's whole history (beyond the analysis window, after its raw steps are
+    dropped), in buckets of steps merged to at most `max_points` points."""
+    job = _job_or_404(db, job_id, attempt)
+    points = trend.read(
+        db, job.job_id, attempt=job.attempt, from_step=from_step, to_step=to_step, max_points=max_points
+    )
     for p in points:
         p["start_time"] = utc(p["start_time"]) if p["start_time"] is not None else None
         p["end_time"] = utc(p["end_time"]) if p["end_time"] is not None else None
     return TrendOut(
-        job_id=job.job_id, bucket_steps=trend.BUCKET_STEPS, points=[TrendPoint(**p) for p in points]
+        job_id=job.job_id,
+        **_which(db, job, attempt),
+        bucket_steps=trend.BUCKET_STEPS,
+        points=[TrendPoint(**p) for p in points],
     )
 
 
@@ -198,11 +236,12 @@ def heatmap(
         Literal["json", "f32"],
         Query(description="f32: cells as base64 float32 in `values_f32` (NaN: none), `values` empty"),
     ] = "json",
+    attempt: AttemptDep = None,
 ) -> Response:
     """Every metric is read in the shape it is stored: the slowdown grid from the stored analysis,
     a phase's from the per-step columns the analysis pass stores (store/phase_grids.py), only
     the zoomed ranks' bytes. The body is written with array operations (views/heatmap.py)."""
-    job = _job_or_404(db, job_id)
+    job = _job_or_404(db, job_id, attempt)
     if metric == "slowdown":
         grid = None
         if window.last is None:
@@ -228,7 +267,13 @@ def heatmap(
         grid, from_rank=from_rank, to_rank=to_rank, from_step=window.from_step, to_step=window.to_step
     )
     body = heatmaps.response_json(
-        grid, job_id=job_id, metric=metric, max_ranks=max_ranks, max_steps=max_steps, encoding=encoding
+        grid,
+        job_id=job_id,
+        metric=metric,
+        max_ranks=max_ranks,
+        max_steps=max_steps,
+        encoding=encoding,
+        **_which(db, job, attempt),
     )
     return Response(content=body, media_type="application/json")
 
@@ -249,19 +294,55 @@ def workers(
     context: ContextDep,
     _auth: ApiTokenDep,
     window: WindowDep,
+    attempt: AttemptDep = None,
 ) -> WorkersOut:
-    job = _job_or_404(db, job_id)
+    job = _job_or_404(db, job_id, attempt)
     result = _analysis(db, context, job, window, "workers")
-    return WorkersOut(job_id=job_id, **(result["workers"] or {"dp_ranks": [], "stages": [], "values": []}))
+    grid = result["workers"] or {"dp_ranks": [], "stages": [], "values": []}
+    return WorkersOut.model_validate({"job_id": job_id, **_which(db, job, attempt), **grid})
+
+
+@router.get("/jobs/{job_id:path}/attempts", response_model=AttemptsOut)
+def job_attempts(job_id: str, db: DbDep, settings: SettingsDep, _auth: ApiTokenDep) -> AttemptsOut:
+    """The job's attempts (restarts under the same id), newest first: what `?attempt=` takes."""
+    found = queries.job_attempts(session=db, job_id=job_id)
+    if not found:
+        raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+    results = {
+        r.attempt: r for r in db.scalars(select(AnalysisResult).where(AnalysisResult.job_id == job_id))
+    }
+    newest = found[0]
+    all_final, heard = queries.liveness_facts(session=db, job=newest)
+    live = job_state(
+        newest, all_final=all_final, last_heard=heard, now=time.time(), stall_seconds=settings.stall_seconds
+    ).value
+    return AttemptsOut(
+        job_id=job_id,
+        attempts=[
+            AttemptOut(
+                attempt=a.attempt,
+                state=live if a is newest else JobState.FINISHED.value,
+                world_size=a.world_size,
+                last_step=a.last_step,
+                slowdown=results[a.attempt].slowdown if a.attempt in results else None,
+                gpu_hours_wasted=a.gpu_hours_wasted,
+                first_seen=utc(a.first_seen),
+                last_seen=utc(a.last_seen),
+                reported_attempt=a.reported_attempt,
+            )
+            for a in found
+        ],
+    )
 
 
 @router.get("/jobs/{job_id:path}/ranks", response_model=RanksOut)
-def ranks(job_id: str, db: DbDep, _auth: ApiTokenDep) -> RanksOut:
+def ranks(job_id: str, db: DbDep, _auth: ApiTokenDep, attempt: AttemptDep = None) -> RanksOut:
     """Where each rank runs (its newest agent: a restarted rank reports under a new one), so a
     view can group ranks by host."""
-    _job_or_404(db, job_id)
+    job = _job_or_404(db, job_id, attempt)
     return RanksOut(
         job_id=job_id,
+        **_which(db, job, attempt),
         ranks=[
             RankOut(
                 rank=a.rank,
@@ -272,7 +353,7 @@ def ranks(job_id: str, db: DbDep, _auth: ApiTokenDep) -> RanksOut:
                 tp_rank=a.tp_rank,
                 gpu_uuid=a.gpu_uuid,
             )
-            for a in queries.job_agents(session=db, job_id=job_id)
+            for a in queries.job_agents(session=db, job=job)
         ],
     )
 
@@ -286,9 +367,10 @@ def worker(
     context: ContextDep,
     _auth: ApiTokenDep,
     window: WindowDep,
+    attempt: AttemptDep = None,
 ) -> WorkerOut:
-    job = _job_or_404(db, job_id)
-    agent = next((a for a in queries.job_agents(session=db, job_id=job_id) if a.rank == rank), None)
+    job = _job_or_404(db, job_id, attempt)
+    agent = next((a for a in queries.job_agents(session=db, job=job) if a.rank == rank), None)
     if agent is None:
         raise HTTPException(status_code=404, detail=f"job {job_id!r} has no rank {rank}")
     result = _analysis(db, context, job, window, "heatmap", "rank_overall")
@@ -299,7 +381,7 @@ def worker(
         row = grid.values[int(found[0])]
         per_step = {int(s): (None if np.isnan(v) else float(v)) for s, v in zip(grid.steps, row, strict=True)}
     lo, hi = queries.resolve_window(
-        session=db, job_id=job_id, window=window, default_last=settings.analysis_window_steps
+        session=db, job=job, window=window, default_last=settings.analysis_window_steps
     )
     records = read_window(session=db, job=job, from_step=lo, to_step=hi, rank=rank)
     phases = records.phase_table()
@@ -312,9 +394,11 @@ def worker(
             "phase": agent.hb_phase,
             "phase_since": agent.hb_phase_since,
         }
-    samples = queries.gpu_samples(session=db, job_id=job_id, rank=rank, limit=1000)
+    since, until = queries.attempt_span(session=db, job=job)
+    samples = queries.gpu_samples(session=db, job_id=job_id, rank=rank, since=since, until=until, limit=1000)
     return WorkerOut(
         job_id=job_id,
+        **_which(db, job, attempt),
         rank=rank,
         host=agent.host,
         dp_rank=agent.dp_rank,

@@ -15,6 +15,8 @@ def utc(seconds: float) -> datetime:
 
 class JobOut(BaseModel):
     job_id: str
+    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
+    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
     state: str = Field(description="running, stalled (alive, no step ends) or finished")
     world_size: int
     last_step: int | None
@@ -72,6 +74,8 @@ class RecentOut(BaseModel):
 
 class SummaryOut(BaseModel):
     job_id: str
+    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
+    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
     state: str
     world_size: int
     steps_seen: int
@@ -111,6 +115,8 @@ class StepOut(BaseModel):
 
 class StepsOut(BaseModel):
     job_id: str
+    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
+    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
     steps: list[StepOut]
 
 
@@ -129,12 +135,16 @@ class TrendPoint(BaseModel):
 
 class TrendOut(BaseModel):
     job_id: str
+    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
+    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
     bucket_steps: int = Field(description="steps per stored bucket; points merge neighbouring buckets")
     points: list[TrendPoint]
 
 
 class HeatmapOut(BaseModel):
     job_id: str
+    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
+    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
     metric: str
     ranks: list[int]
     steps: list[int]
@@ -149,6 +159,8 @@ class HeatmapOut(BaseModel):
 
 class WorkersOut(BaseModel):
     job_id: str
+    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
+    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
     dp_ranks: list[int]
     stages: list[int]
     values: list[list[float | None]] = Field(description="S_w: values[i][j] for dp_ranks[i], stages[j]")
@@ -166,7 +178,28 @@ class RankOut(BaseModel):
 
 class RanksOut(BaseModel):
     job_id: str
+    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
+    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
     ranks: list[RankOut]
+
+
+class AttemptOut(BaseModel):
+    attempt: int
+    state: str = Field(description="running, stalled or finished (one a newer attempt replaced is finished)")
+    world_size: int
+    last_step: int | None
+    slowdown: float | None = Field(description="S of the attempt's latest analysis")
+    gpu_hours_wasted: float
+    first_seen: datetime
+    last_seen: datetime
+    reported_attempt: int | None = Field(
+        description="the attempt identity its agents reported (a launcher's restart count), if any"
+    )
+
+
+class AttemptsOut(BaseModel):
+    job_id: str
+    attempts: list[AttemptOut] = Field(description="newest first")
 
 
 class GpuSampleOut(BaseModel):
@@ -196,6 +229,8 @@ class WorkerStepOut(BaseModel):
 
 class WorkerOut(BaseModel):
     job_id: str
+    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
+    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
     rank: int
     host: str
     dp_rank: int

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import psycopg
 from sqlalchemy import exc as sa_exc
 
+from smon_server.store.attempts import DEFAULT_STALL_SECONDS
 from smon_server.store.db import Database, HeldConnection
 from smon_server.store.rows import ValidBatch
 from smon_server.store.writes import WriteResult, write_batches
@@ -77,8 +78,10 @@ class GroupCommitter:
         max_group_records: int = 50_000,
         max_pending_records: int = 200_000,
         clock: Callable[[], float] = time.time,
+        stall_seconds: float = DEFAULT_STALL_SECONDS,
     ) -> None:
         self.db = db
+        self.stall_seconds = stall_seconds  # a new agent after this much silence is a new attempt
         self.max_group_records = max_group_records
         self.max_pending_records = max_pending_records
         self.clock = clock
@@ -161,7 +164,11 @@ class GroupCommitter:
         try:
             results: list[WriteResult | BaseException] = list(
                 write_batches(
-                    self.db, [i.batch for i in group], self.clock(), transaction=self._connection.transaction
+                    self.db,
+                    [i.batch for i in group],
+                    self.clock(),
+                    stall_seconds=self.stall_seconds,
+                    transaction=self._connection.transaction,
                 )
             )
         except Exception as exc:
@@ -181,7 +188,13 @@ class GroupCommitter:
     def _alone(self, item: _Item) -> WriteResult | BaseException:
         try:
             batch = [item.batch]
-            return write_batches(self.db, batch, self.clock(), transaction=self._connection.transaction)[0]
+            return write_batches(
+                self.db,
+                batch,
+                self.clock(),
+                stall_seconds=self.stall_seconds,
+                transaction=self._connection.transaction,
+            )[0]
         except Exception as exc:
             return _failure(item, exc)
 

@@ -45,11 +45,14 @@ def needs_refresh(
     if new_steps and not state_change_only:
         return True
     # Two aggregates, not every agent row: this runs before each API read of a 4,096-rank job.
-    all_final, heard = queries.liveness_facts(session=session, job_ids=[job.job_id]).get(
-        job.job_id, (False, None)
-    )
+    all_final, heard = queries.liveness_facts(session=session, job=job)
     state = job_state(
-        job, all_final=all_final, last_heard=heard, now=now, stall_seconds=settings.stall_seconds
+        job,
+        all_final=all_final,
+        last_heard=heard,
+        now=now,
+        stall_seconds=settings.stall_seconds,
+        superseded=queries.is_superseded(session=session, job=job),
     )
     if state.value != previous.state:
         return True
@@ -66,13 +69,14 @@ def analyze_job(
 ) -> dict[str, Any]:
     lo, hi = queries.resolve_window(
         session=session,
-        job_id=job.job_id,
+        job=job,
         window=window or StepWindow(),
         default_last=settings.analysis_window_steps,
     )
-    agents = queries.job_agents(session=session, job_id=job.job_id)
-    liveness = job_liveness(job, agents, now=now, stall_seconds=settings.stall_seconds)
-    restarts = queries.restart_steps(session=session, job_id=job.job_id)
+    agents = queries.job_agents(session=session, job=job)
+    superseded = queries.is_superseded(session=session, job=job)
+    liveness = job_liveness(job, agents, now=now, stall_seconds=settings.stall_seconds, superseded=superseded)
+    restarts = queries.restart_steps(session=session, job=job)
     warm = warmup_ranges(restarts, settings.warmup_steps)
     # The default window slides with the job: its op table is kept between passes and only the
     # new steps are read and built. A window asked for by the API is built on its own. The
@@ -95,7 +99,9 @@ def analyze_job(
     steps_analysed = [step for step, _, _ in times]
     window_start = min((t[1] for t in times), default=None)
     window_end = max((t[2] for t in times), default=None)
-    health = gpu_health(queries.gpu_samples(session=session, job_id=job.job_id, since=window_start), agents)
+    _, until = queries.attempt_span(session=session, job=job)  # samples carry no attempt
+    samples = queries.gpu_samples(session=session, job_id=job.job_id, since=window_start, until=until)
+    health = gpu_health(samples, agents)
     hosts = {a.rank: a.host for a in agents}
     gpus = max(job.world_size, len(agents), 1)
     elapsed_hours = 0.0
@@ -290,9 +296,7 @@ def phase_heatmap(
     if window.is_default and stored is not None:
         lo, hi = stored
     else:
-        lo, hi = queries.resolve_window(
-            session=session, job_id=job.job_id, window=window, default_last=default_last
-        )
+        lo, hi = queries.resolve_window(session=session, job=job, window=window, default_last=default_last)
         if lo is None and hi is None and window.is_default:
             return Grid.empty()
     if stored is None:

@@ -28,7 +28,9 @@ class Liveness:
     positions: tuple[RankPosition, ...] = ()  # each rank's last heartbeat
 
 
-def job_liveness(job: Job, agents: Sequence[Agent], *, now: float, stall_seconds: float) -> Liveness:
+def job_liveness(
+    job: Job, agents: Sequence[Agent], *, now: float, stall_seconds: float, superseded: bool = False
+) -> Liveness:
     since_step = now - (job.last_step_seen if job.last_step_seen is not None else job.first_seen)
     positions = tuple(
         RankPosition(rank=a.rank, step=a.hb_current_step, phase=a.hb_phase, host=a.host)
@@ -40,18 +42,27 @@ def job_liveness(job: Job, agents: Sequence[Agent], *, now: float, stall_seconds
         last_heard=max((a.last_seen for a in agents), default=None),
         now=now,
         stall_seconds=stall_seconds,
+        superseded=superseded,
     )
     return Liveness(state, since_step, positions)
 
 
 def job_state(
-    job: Job, *, all_final: bool, last_heard: float | None, now: float, stall_seconds: float
+    job: Job,
+    *,
+    all_final: bool,
+    last_heard: float | None,
+    now: float,
+    stall_seconds: float,
+    superseded: bool = False,
 ) -> JobState:
-    """The state from two facts about the job's newest agent per rank (queries.liveness_facts
-    computes them in SQL for a whole page of jobs): have they all said goodbye, and when was
-    any of them last heard from."""
+    """The state of one job attempt from two facts about its newest agent per rank
+    (queries.liveness_facts computes them in SQL for a whole page of jobs): have they all said
+    goodbye, and when was any of them last heard from. An attempt `superseded` by a newer one of
+    the same job is finished: its run is over, even while its killed workers' last batches
+    still arrive."""
     since_step = now - (job.last_step_seen if job.last_step_seen is not None else job.first_seen)
-    if all_final:
+    if all_final or superseded:
         return JobState.FINISHED
     if now - (last_heard if last_heard is not None else job.last_seen) > stall_seconds:
         # Nothing heard at all, not even heartbeats: the processes are gone.

@@ -21,7 +21,7 @@ from smon_server.alerts import outbox
 from smon_server.context import ServerContext
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import trend, waste
-from smon_server.store import partitions, phase_grids
+from smon_server.store import attempts, partitions, phase_grids, queries
 from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AnalysisResult, Job
 
@@ -58,24 +58,25 @@ def analysis_pass(context: ServerContext, now: float) -> int:
         except Exception:
             log.exception("step record partitions / retention failed; retrying next pass")
     with context.db.session() as session:
-        jobs = session.scalars(select(Job.job_id)).all()
+        jobs = [(str(j), int(a)) for j, a in session.execute(select(Job.job_id, Job.attempt))]
 
-    def one(job_id: str) -> bool:
+    def one(job: tuple[str, int]) -> bool:
+        job_id, attempt = job
         try:
-            return analyse_one(context, job_id, now)
+            return analyse_one(context, job_id, now, attempt=attempt)
         except Exception:
-            log.exception("analysis of job %s failed", job_id)
+            log.exception("analysis of job %s (attempt %d) failed", job_id, attempt)
             return False
 
     workers = context.workers
     if workers is not None:
-        workers.forget(set(jobs))
+        workers.forget({attempts.name(*job) for job in jobs})
     if workers is not None and workers.processes > 1 and len(jobs) > 1:
         # One thread per worker process, each holding its job's lease while a process analyses it.
         with ThreadPoolExecutor(workers.processes, thread_name_prefix="smon-analysis") as pool:
             done = sum(pool.map(one, jobs))
     else:
-        done = sum(one(job_id) for job_id in jobs)
+        done = sum(one(job) for job in jobs)
     try:
         settings = context.settings
         with context.db.transaction() as session:
@@ -132,25 +133,39 @@ _local_leases: dict[str, threading.Lock] = {}
 _local_leases_guard = threading.Lock()
 
 
-def _local_lease(job_id: str) -> threading.Lock:
-    """Serialises the loop and API requests on one job within this process (SQLite has no
+def _local_lease(name: str) -> threading.Lock:
+    """Serialises the loop and API requests on one job attempt within this process (SQLite has no
     advisory locks; on PostgreSQL the database lease also covers other replicas)."""
     with _local_leases_guard:
-        return _local_leases.setdefault(job_id, threading.Lock())
+        return _local_leases.setdefault(name, threading.Lock())
 
 
-def analyse_one(context: ServerContext, job_id: str, now: float, *, state_change_only: bool = False) -> bool:
-    """Analyse one job if it has news (or, with `state_change_only`, only if it changed state
-    since its stored analysis: what the API does before serving it) and store the result."""
+def analyse_one(
+    context: ServerContext,
+    job_id: str,
+    now: float,
+    *,
+    attempt: int | None = None,
+    state_change_only: bool = False,
+) -> bool:
+    """Analyse one job attempt (default: the job's newest) if it has news (or, with
+    `state_change_only`, only if it changed state since its stored analysis: what the API does
+    before serving it) and store the result. Each attempt has its own lease and result."""
     settings = context.settings
-    with _local_lease(job_id), context.db.transaction() as session:
-        # The API waits for a running analysis of the job (then usually finds it up to date).
-        if not try_lease(session, job_id, wait=state_change_only):
+    if attempt is None:
+        with context.db.session() as session:
+            attempt = queries.attempt_count(session=session, job_id=job_id)
+        if not attempt:
             return False
-        job = session.get(Job, job_id)
+    lease = attempts.name(job_id, attempt)
+    with _local_lease(lease), context.db.transaction() as session:
+        # The API waits for a running analysis of the job (then usually finds it up to date).
+        if not try_lease(session, lease, wait=state_change_only):
+            return False
+        job = session.get(Job, (job_id, attempt))
         if job is None:
             return False
-        previous = session.get(AnalysisResult, job_id)
+        previous = session.get(AnalysisResult, (job_id, attempt))
         if previous is not None and not job_analysis.needs_refresh(
             session=session,
             job=job,
@@ -161,7 +176,7 @@ def analyse_one(context: ServerContext, job_id: str, now: float, *, state_change
         ):
             return False
         if context.workers is not None:
-            analysed = context.workers.analyze(job_id, now)
+            analysed = context.workers.analyze(job_id, attempt, now)
             if analysed is None:
                 return False
             result = analysed
@@ -172,7 +187,7 @@ def analyse_one(context: ServerContext, job_id: str, now: float, *, state_change
             job_analysis.restate_result(previous, result)
             return True
         waste.accumulate_waste(job=job, result=result)
-        row = previous or AnalysisResult(job_id=job_id)
+        row = previous or AnalysisResult(job_id=job_id, attempt=attempt)
         job_analysis.store_result(row, result)
         session.add(row)
         if result.get("phase_columns") is not None:

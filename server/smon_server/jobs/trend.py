@@ -53,13 +53,15 @@ def store(session: Session, result: AnalysisResult, rows: Sequence[dict[str, Any
     stored analysis `result` (the caller holds the job's lease)."""
     if not rows:
         return
-    job_id = result.job_id
+    job_id, attempt = result.job_id, result.attempt
     stragglers = [int(s["rank"]) for s in (result.summary or {}).get("stragglers") or []]
     stored = {
         r.bucket: r
         for r in session.scalars(
             select(JobTrend).where(
-                JobTrend.job_id == job_id, JobTrend.bucket.in_([b["bucket"] for b in rows])
+                JobTrend.job_id == job_id,
+                JobTrend.attempt == attempt,
+                JobTrend.bucket.in_([b["bucket"] for b in rows]),
             )
         )
     }
@@ -68,6 +70,7 @@ def store(session: Session, result: AnalysisResult, rows: Sequence[dict[str, Any
         if row is None:
             row = JobTrend(
                 job_id=job_id,
+                attempt=attempt,
                 bucket=b["bucket"],
                 step_times=_empty(),
                 ideal_times=_empty(),
@@ -90,11 +93,21 @@ def store(session: Session, result: AnalysisResult, rows: Sequence[dict[str, Any
 
 
 def read(
-    session: Session, job_id: str, *, from_step: int | None, to_step: int | None, max_points: int
+    session: Session,
+    job_id: str,
+    *,
+    attempt: int,
+    from_step: int | None,
+    to_step: int | None,
+    max_points: int,
 ) -> list[dict[str, Any]]:
-    """The job's analysed steps in [from_step, to_step], merged into at most `max_points` points
-    of consecutive buckets (means weighted by steps), so a long job's answer stays small."""
-    query = select(JobTrend).where(JobTrend.job_id == job_id).order_by(JobTrend.bucket)
+    """The job attempt's analysed steps in [from_step, to_step], merged into at most `max_points`
+    points of consecutive buckets (means weighted by steps), so a long job's answer stays small."""
+    query = (
+        select(JobTrend)
+        .where(JobTrend.job_id == job_id, JobTrend.attempt == attempt)
+        .order_by(JobTrend.bucket)
+    )
     if from_step is not None:
         query = query.where(JobTrend.last_step >= from_step)
     if to_step is not None:

@@ -68,19 +68,19 @@ class _Entry:
 class WindowCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, int], _Entry] = OrderedDict()  # by (job_id, attempt)
         self._lock = threading.Lock()
 
-    def get(self, job_id: str, key: Hashable) -> _Entry | None:
+    def get(self, job: tuple[str, int], key: Hashable) -> _Entry | None:
         with self._lock:
-            entry = self._entries.pop(job_id, None)
+            entry = self._entries.pop(job, None)
         return entry if entry is not None and entry.key == key else None
 
-    def put(self, job_id: str, entry: _Entry) -> None:
+    def put(self, job: tuple[str, int], entry: _Entry) -> None:
         if entry.nbytes > self.max_bytes:
             return
         with self._lock:
-            self._entries[job_id] = entry
+            self._entries[job] = entry
             total = sum(e.nbytes for e in self._entries.values())
             while total > self.max_bytes and len(self._entries) > 1:
                 _, evicted = self._entries.popitem(last=False)
@@ -109,7 +109,7 @@ def window_ops(
     """The op table of the complete steps in [lo, hi] (from the cache where it can be).
     `on_read` sees every batch of records read, so the pass can derive more from them without
     reading them again (the phase heatmaps)."""
-    entry = cache.get(job.job_id, key) if cache is not None else None
+    entry = cache.get((job.job_id, job.attempt), key) if cache is not None else None
     behind = entry is not None and (lo is None or entry.through < lo - 1)
     if behind or (entry is not None and hi is not None and hi < entry.through):
         entry = None  # the window jumped past what is kept, or looks back before it
@@ -125,7 +125,7 @@ def window_ops(
     if lo is not None:
         entry = _trim(entry, lo)
     if cache is not None:
-        cache.put(job.job_id, entry)
+        cache.put((job.job_id, job.attempt), entry)
     times = [(int(s), float(a), float(b)) for s, a, b in entry.times]
     ops = entry.ops if len(entry.ops) else None
     return WindowOps(ops, times, incremental=incremental)
@@ -221,7 +221,9 @@ def _window_workers(session: Session, job: Job, lo: int, hi: int) -> tuple[np.nd
     coords = {
         key: (int(dp) << 32) | int(pp)
         for key, dp, pp in session.execute(
-            select(Agent.key, Agent.dp_rank, Agent.pp_rank).where(Agent.job_id == job.job_id)
+            select(Agent.key, Agent.dp_rank, Agent.pp_rank).where(
+                Agent.job_id == job.job_id, Agent.attempt == job.attempt
+            )
         ).all()
     }
     last: dict[int, int] = {}

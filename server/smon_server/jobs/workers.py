@@ -26,6 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from smon_server.settings import Settings
+from smon_server.store import attempts
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +50,14 @@ def _exit_with(parent: int) -> None:
     os._exit(0)
 
 
-def _analyze(job_id: str, now: float) -> tuple[int, dict[str, Any] | None]:
-    """(this worker's pid, the job's analysis, or None when the job is gone)."""
+def _analyze(job_id: str, attempt: int, now: float) -> tuple[int, dict[str, Any] | None]:
+    """(this worker's pid, the job attempt's analysis, or None when it is gone)."""
     from smon_server.jobs.analysis import analyze_job
     from smon_server.store.models import Job
 
     db = _state["db"]
     with db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, (job_id, attempt))
         result = (
             None
             if job is None
@@ -81,7 +82,7 @@ class AnalysisWorkers:
         self.processes = processes
         self.pids: set[int] = set()  # workers that returned a result (tests read it)
         self._pools: list[ProcessPoolExecutor | None] = [None] * processes
-        self._owner: dict[str, int] = {}  # job -> the worker that keeps its window
+        self._owner: dict[str, int] = {}  # job attempt (attempts.name) -> the worker keeping its window
         self._lock = threading.Lock()
 
     def _slot(self, job_id: str) -> int:
@@ -106,11 +107,11 @@ class AnalysisWorkers:
                 )
             return pool
 
-    def analyze(self, job_id: str, now: float) -> dict[str, Any] | None:
-        slot = self._slot(job_id)
+    def analyze(self, job_id: str, attempt: int, now: float) -> dict[str, Any] | None:
+        slot = self._slot(attempts.name(job_id, attempt))
         pool = self._executor(slot)
         try:
-            pid, result = pool.submit(_analyze, job_id, now).result()
+            pid, result = pool.submit(_analyze, job_id, attempt, now).result()
         except BrokenProcessPool:
             log.error("an analysis worker died while analysing job %s; restarting it", job_id)
             with self._lock:
@@ -121,11 +122,11 @@ class AnalysisWorkers:
         self.pids.add(pid)
         return result
 
-    def forget(self, job_ids: set[str]) -> None:
-        """Jobs no longer stored: their worker need not be kept."""
+    def forget(self, names: set[str]) -> None:
+        """Job attempts (attempts.name) no longer stored: their worker need not be kept."""
         with self._lock:
-            for job_id in set(self._owner) - job_ids:
-                del self._owner[job_id]
+            for name in set(self._owner) - names:
+                del self._owner[name]
 
     def close(self) -> None:
         with self._lock:

@@ -5,7 +5,10 @@ numbers (they live in the database, not in one process), a restarted server expo
 once, and a job that ended long ago simply stops being read, so its series go away. Finished
 jobs stay for `metrics_finished_grace` seconds so a dashboard sees how they ended.
 
-Cardinality is bounded: one series per job and metric, plus `metrics_top_k` workers per job.
+Cardinality is bounded: one series per job and metric, plus `metrics_top_k` workers per job. A job
+restarted under the same id (a new attempt) keeps its series: the gauges follow its newest
+attempt, and the counters (GPU-hours wasted, dropped records) add up every attempt, so they never
+go down.
 Per-worker series carry DCGM exporter's join labels (`Hostname`, `UUID`) beside DESIGN's `host`.
 
 When the database cannot be read, the scrape still succeeds: the job series are left out (no
@@ -79,7 +82,9 @@ class JobsCollector(Collector):
                     stall_seconds=self.settings.stall_seconds,
                     seen_since=now - max(self.settings.metrics_finished_grace, self.settings.stall_seconds),
                 )
-                drops = queries.dropped_records(session=session, job_ids=[r.job.job_id for r in rows])
+                job_ids = [r.job.job_id for r in rows]
+                drops = queries.dropped_records(session=session, job_ids=job_ids)
+                wasted = queries.gpu_hours_wasted(session=session, job_ids=job_ids)
                 firing = queries.firing_alerts(session=session)
         except DATABASE_UNAVAILABLE as exc:
             log.warning("metrics scrape without job series: database unavailable: %s", exc)
@@ -97,7 +102,7 @@ class JobsCollector(Collector):
             alerts.add_metric([rule, severity], float(count))
         for row in rows:
             job_id, result = row.job.job_id, row.result
-            hours.add_metric([job_id], row.job.gpu_hours_wasted or 0.0)
+            hours.add_metric([job_id], wasted.get(job_id, 0.0))
             stalled.add_metric([job_id], 1.0 if row.live_state == "stalled" else 0.0)
             dropped.add_metric([job_id], float(drops.get(job_id, 0)))
             if result is None:

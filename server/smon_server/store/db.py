@@ -13,6 +13,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from smon_server.store.attempts import AgentAttempts
 from smon_server.store.kinds import SpanKinds, Transaction
 
 __all__ = ["DATABASE_UNAVAILABLE", "Database", "HeldConnection", "Transaction", "make_engine"]
@@ -85,6 +86,7 @@ class Database:
         self.engine = make_engine(database_url)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self.kinds = SpanKinds()
+        self.attempts = AgentAttempts()
 
     @property
     def is_postgres(self) -> bool:

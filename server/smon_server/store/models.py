@@ -34,11 +34,21 @@ class Base(DeclarativeBase):
 
 
 class Job(Base):
+    """One attempt of a job: a run of its processes under the job id, numbered from 1. A job
+    restarted under the same id (torchrun elastic restart, a resubmission) reports into a new
+    attempt (store/attempts.py), so every table keyed by the job's integer `key` (step records,
+    phase columns) or by (job_id, attempt) is per attempt, and runs are never mixed."""
+
     __tablename__ = "jobs"
 
     job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
-    # A small integer for the id in every step record (SQLite: assigned by store/writes.py).
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False, default=1)
+    # A small integer for the (job, attempt) in every step record (SQLite: assigned by
+    # store/writes.py).
     key: Mapped[int] = mapped_column(Integer, Identity(), unique=True)
+    # The largest attempt identity its agents reported (Coordinates.attempt: a restart count);
+    # NULL when none did.
+    reported_attempt: Mapped[int | None] = mapped_column(BigInteger, default=None)
     world_size: Mapped[int] = mapped_column(Integer, default=0)
     dp_size: Mapped[int] = mapped_column(Integer, default=0)
     pp_size: Mapped[int] = mapped_column(Integer, default=1)
@@ -54,14 +64,16 @@ class Job(Base):
 
 
 class Agent(Base):
-    """One agent process (one rank's lifetime). A restarted rank is a new agent."""
+    """One agent process (one rank's lifetime). A restarted rank is a new agent. An agent
+    belongs to one attempt of its job for good: a late batch of an old run stays in it."""
 
     __tablename__ = "agents"
-    __table_args__ = (Index("ix_agents_job_rank", "job_id", "rank"),)
+    __table_args__ = (Index("ix_agents_job_attempt_rank", "job_id", "attempt", "rank"),)
 
     agent_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     key: Mapped[int] = mapped_column(Integer, Identity(), unique=True)  # as Job.key
     job_id: Mapped[str] = mapped_column(String(256))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
     rank: Mapped[int] = mapped_column(Integer)
     local_rank: Mapped[int] = mapped_column(Integer, default=0)
     host: Mapped[str] = mapped_column(String(256), default="")
@@ -186,7 +198,7 @@ class GpuSample(Base):
 
 
 class AnalysisResult(Base):
-    """The latest analysis of a job's recent window, stored in the shapes the API serves.
+    """The latest analysis of a job attempt's recent window, stored in the shapes the API serves.
 
     The scalar columns are what lists, metrics and alerts read (no JSON to decode for a few
     numbers); each API view has a column of its own, loaded only when asked for (`deferred`): the
@@ -196,6 +208,7 @@ class AnalysisResult(Base):
     __tablename__ = "analysis_results"
 
     job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False, default=1)
     computed_at: Mapped[float] = mapped_column(Double)
     # The job's state when this was computed: the state served next to these numbers.
     state: Mapped[str] = mapped_column(String(16), default="")
@@ -232,6 +245,7 @@ class JobTrend(Base):
     __tablename__ = "job_trend"
 
     job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False, default=1)
     bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # step // bucket size
     first_step: Mapped[int] = mapped_column(BigInteger)  # of the bucket's analysed steps
     last_step: Mapped[int] = mapped_column(BigInteger)

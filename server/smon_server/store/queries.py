@@ -1,4 +1,8 @@
-"""Reads the API, the analysis loop and the metrics collector share."""
+"""Reads the API, the analysis loop and the metrics collector share.
+
+A job id may have several attempts (store/attempts.py); a `Job` row is one of them. Reads given a
+job id alone resolve it to its newest attempt; lists show each job's newest attempt.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +10,63 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, case, exists, func, or_, select, text
+from sqlalchemy import Select, and_, case, exists, func, or_, select, text
 from sqlalchemy.orm import Session, aliased
 
 from smon_server.store.models import Agent, Alert, AnalysisResult, GpuSample, Job
 
 
-def list_jobs(*, session: Session, contains: str | None = None) -> Sequence[Job]:
-    stmt = select(Job)
-    if contains:
-        stmt = stmt.where(Job.job_id.contains(contains, autoescape=True))
-    return session.scalars(stmt.order_by(Job.last_seen.desc(), Job.job_id)).all()
+def get_job(*, session: Session, job_id: str, attempt: int | None = None) -> Job | None:
+    """The job's attempt `attempt`, or its newest."""
+    if attempt is not None:
+        return session.get(Job, (job_id, attempt))
+    stmt = select(Job).where(Job.job_id == job_id).order_by(Job.attempt.desc()).limit(1)
+    return session.scalars(stmt).first()
 
 
-def get_job(*, session: Session, job_id: str) -> Job | None:
-    return session.get(Job, job_id)
+def attempt_count(*, session: Session, job_id: str) -> int:
+    """How many attempts the job has (they are numbered 1..n)."""
+    return int(session.scalar(select(func.max(Job.attempt)).where(Job.job_id == job_id)) or 0)
 
 
-def results_by_job(*, session: Session, job_ids: Sequence[str] | None = None) -> dict[str, AnalysisResult]:
-    """Stored results with their scalar columns only (the views are deferred)."""
-    stmt = select(AnalysisResult)
-    if job_ids is not None:
-        stmt = stmt.where(AnalysisResult.job_id.in_(job_ids))
-    return {r.job_id: r for r in session.scalars(stmt)}
+def job_attempts(*, session: Session, job_id: str) -> Sequence[Job]:
+    """Every attempt of the job, newest first."""
+    return session.scalars(select(Job).where(Job.job_id == job_id).order_by(Job.attempt.desc())).all()
 
 
-def result_parts(*, session: Session, job_id: str, parts: Sequence[str]) -> dict[str, Any] | None:
+def is_superseded(*, session: Session, job: Job) -> bool:
+    """A newer attempt of the job exists: this one's run is over."""
+    newer = exists().where(Job.job_id == job.job_id, Job.attempt > job.attempt)
+    return bool(session.scalar(select(newer)))
+
+
+def attempt_span(*, session: Session, job: Job) -> tuple[float | None, float | None]:
+    """(since, until): the server times between which the job attempt ran, for the rows that
+    carry no attempt (GPU samples): from its first report (none for attempt 1) to the next
+    attempt's first (none for the newest)."""
+    until = session.scalar(
+        select(Job.first_seen).where(Job.job_id == job.job_id, Job.attempt == job.attempt + 1)
+    )
+    return (job.first_seen if job.attempt > 1 else None), (None if until is None else float(until))
+
+
+def _is_newest_attempt() -> Any:
+    newer = aliased(Job)
+    return ~exists().where(newer.job_id == Job.job_id, newer.attempt > Job.attempt)
+
+
+def result_of(*, session: Session, job: Job) -> AnalysisResult | None:
+    """The job attempt's stored result, its scalar columns only (the views are deferred)."""
+    return session.get(AnalysisResult, (job.job_id, job.attempt))
+
+
+def result_parts(
+    *, session: Session, job_id: str, attempt: int, parts: Sequence[str]
+) -> dict[str, Any] | None:
     """Some columns of one stored result (`state`, `computed_at` and the named views), or None."""
     columns = [getattr(AnalysisResult, name) for name in ("state", "computed_at", *parts)]
-    row = session.execute(select(*columns).where(AnalysisResult.job_id == job_id)).first()
+    stmt = select(*columns).where(AnalysisResult.job_id == job_id, AnalysisResult.attempt == attempt)
+    row = session.execute(stmt).first()
     return None if row is None else dict(zip(("state", "computed_at", *parts), row, strict=True))
 
 
@@ -60,11 +92,12 @@ def job_page(
     limit: int | None = 100,
     offset: int = 0,
 ) -> tuple[list[JobListRow], int]:
-    """One page of jobs, newest first, with their stored results' scalar columns and their live
-    state, filtered and counted in the database. The state is jobs.liveness.job_state in SQL
-    (tests/store check that they agree). Without a state filter the page is cut first and only its
-    jobs' agents are aggregated, so the default list does not read every agent of every job."""
-    filters = []
+    """One page of jobs (each job's newest attempt), newest first, with their stored results'
+    scalar columns and their live state, filtered and counted in the database. The state is
+    jobs.liveness.job_state in SQL (tests/store check that they agree). Without a state filter the
+    page is cut first and only its jobs' agents are aggregated, so the default list does not read
+    every agent of every job."""
+    filters = [_is_newest_attempt()]
     if slowdown_at_least is not None:
         filters.append(AnalysisResult.slowdown >= slowdown_at_least)
     if slowdown_below is not None:
@@ -76,14 +109,14 @@ def job_page(
     if seen_since is not None:
         filters.append(Job.last_seen >= seen_since)
     newest_first = (Job.last_seen.desc(), Job.job_id)
-    results = AnalysisResult.job_id == Job.job_id
+    results = (AnalysisResult.job_id == Job.job_id) & (AnalysisResult.attempt == Job.attempt)
 
     on_page = None
     if state is None:
         page = select(Job.job_id).outerjoin(AnalysisResult, results).where(*filters)
         page = page.order_by(*newest_first).limit(limit).offset(offset)
         on_page = Agent.job_id.in_(page.scalar_subquery())
-    facts = _liveness_facts_stmt(on_page).subquery()
+    facts = _liveness_facts_stmt(on_page, newest_attempts=True).subquery()
     heard = func.coalesce(facts.c.heard, Job.last_seen)
     since_step = now - func.coalesce(Job.last_step_seen, Job.first_seen)
     live = case(
@@ -94,7 +127,7 @@ def job_page(
     ).label("live_state")
     stmt = (
         select(Job, AnalysisResult, live, facts.c.quietest)
-        .outerjoin(facts, facts.c.job_id == Job.job_id)
+        .outerjoin(facts, (facts.c.job_id == Job.job_id) & (facts.c.attempt == Job.attempt))
         .outerjoin(AnalysisResult, results)
         .where(*filters)
     )
@@ -125,12 +158,12 @@ def exported_jobs(
     return rows
 
 
-def silent_ranks(*, session: Session, job_id: str, before: float) -> list[tuple[int, str]]:
-    """(rank, host) of the job's newest agents that did not say goodbye and were last heard from
-    before `before`."""
+def silent_ranks(*, session: Session, job: Job, before: float) -> list[tuple[int, str]]:
+    """(rank, host) of the job attempt's newest agents that did not say goodbye and were last
+    heard from before `before`."""
     stmt = (
         select(Agent.rank, Agent.host)
-        .where(Agent.job_id == job_id, _is_newest(), Agent.final.is_(False), Agent.last_seen < before)
+        .where(*_of_attempt(job), _is_newest(), Agent.final.is_(False), Agent.last_seen < before)
         .order_by(Agent.rank)
     )
     return [(int(r), str(h)) for r, h in session.execute(stmt)]
@@ -156,7 +189,9 @@ def gpu_faults(
             counts.append(int(ecc))
     hosts = {
         (a.job_id, a.rank): a.host
-        for a in session.scalars(select(Agent).where(Agent.job_id.in_([j for j, _ in seen])))
+        for a in session.scalars(
+            select(Agent).where(Agent.job_id.in_([j for j, _ in seen])).order_by(Agent.first_seen)
+        )
     }
     out = []
     for (job, rank), (codes, counts) in sorted(seen.items()):
@@ -173,7 +208,8 @@ def firing_alerts(*, session: Session) -> dict[tuple[str, str], int]:
 
 
 def dropped_records(*, session: Session, job_ids: Sequence[str]) -> dict[str, int]:
-    """Records each job's agents dropped before sending, summed over every agent incarnation."""
+    """Records each job's agents dropped before sending, summed over every agent incarnation of
+    every attempt (a counter: it never goes down when a job restarts)."""
     if not job_ids:
         return {}
     stmt = (
@@ -184,60 +220,86 @@ def dropped_records(*, session: Session, job_ids: Sequence[str]) -> dict[str, in
     return {job: int(n or 0) for job, n in session.execute(stmt)}
 
 
+def gpu_hours_wasted(*, session: Session, job_ids: Sequence[str]) -> dict[str, float]:
+    """GPU-hours each job wasted over all its attempts (a counter: it never goes down when a job
+    restarts)."""
+    if not job_ids:
+        return {}
+    stmt = (
+        select(Job.job_id, func.sum(Job.gpu_hours_wasted)).where(Job.job_id.in_(job_ids)).group_by(Job.job_id)
+    )
+    return {job: float(h or 0.0) for job, h in session.execute(stmt)}
+
+
+def _of_attempt(job: Job) -> tuple[Any, Any]:
+    """Filter: the agent reports for this job attempt."""
+    return Agent.job_id == job.job_id, Agent.attempt == job.attempt
+
+
 def _is_newest() -> Any:
-    """The agent is its rank's newest incarnation (a restarted rank reports under a new agent)."""
+    """The agent is its rank's newest incarnation in its attempt (a restarted rank reports under
+    a new agent)."""
     newer = aliased(Agent)
     return ~exists().where(
-        newer.job_id == Agent.job_id, newer.rank == Agent.rank, newer.first_seen > Agent.first_seen
+        newer.job_id == Agent.job_id,
+        newer.attempt == Agent.attempt,
+        newer.rank == Agent.rank,
+        newer.first_seen > Agent.first_seen,
     )
 
 
-def _liveness_facts_stmt(jobs: Any = None) -> Select[str, Any, float, Any]:
-    """Per job (of those `jobs`, a filter on Agent.job_id, selects), over the newest agent of each
-    rank: all said goodbye, last heard from, and the quietest still-open agent. The newest
-    incarnation is found with a window over (job, rank), not a NOT EXISTS per agent: a page
-    holding a 4,096-rank job probed the index once per agent (60 ms of a 70 ms /jobs)."""
-    newest = func.max(Agent.first_seen).over(partition_by=(Agent.job_id, Agent.rank))
-    inner = select(Agent.job_id, Agent.final, Agent.last_seen, Agent.first_seen, newest.label("newest"))
-    if jobs is not None:
-        inner = inner.where(jobs)
+def _liveness_facts_stmt(
+    agents: Any = None, *, newest_attempts: bool = False
+) -> Select[str, int, Any, float, Any]:
+    """Per job attempt (of the agents `agents`, a filter on Agent, selects; with
+    `newest_attempts`, of each job's newest attempt only), over the newest agent of each rank: all
+    said goodbye, last heard from, and the quietest still-open agent. The newest incarnation is
+    found with a window over (job, attempt, rank), not a NOT EXISTS per agent: a page holding a
+    4,096-rank job probed the index once per agent (60 ms of a 70 ms /jobs)."""
+    newest = func.max(Agent.first_seen).over(partition_by=(Agent.job_id, Agent.attempt, Agent.rank))
+    inner = select(
+        Agent.job_id, Agent.attempt, Agent.final, Agent.last_seen, Agent.first_seen, newest.label("newest")
+    )
+    if agents is not None:
+        inner = inner.where(agents)
+    if newest_attempts:
+        # One hash join with each job's newest attempt, not a probe of `jobs` per agent.
+        newest_of = select(Job.job_id, func.max(Job.attempt).label("attempt")).group_by(Job.job_id).subquery()
+        inner = inner.join(
+            newest_of, (newest_of.c.job_id == Agent.job_id) & (newest_of.c.attempt == Agent.attempt)
+        )
     a = inner.subquery()
     return (
         select(
             a.c.job_id.label("job_id"),
+            a.c.attempt.label("attempt"),
             func.min(case((a.c.final, 1), else_=0)).label("all_final"),
             func.max(a.c.last_seen).label("heard"),
             func.min(case((a.c.final, None), else_=a.c.last_seen)).label("quietest"),
         )
         .where(a.c.first_seen == a.c.newest)
-        .group_by(a.c.job_id)
+        .group_by(a.c.job_id, a.c.attempt)
     )
 
 
-def liveness_facts(
-    *, session: Session, job_ids: Sequence[str] | None = None
-) -> dict[str, tuple[bool, float]]:
-    """Per job, over the newest agent of each rank: (all said goodbye, last heard from)."""
-    stmt = _liveness_facts_stmt(Agent.job_id.in_(job_ids) if job_ids is not None else None)
-    return {job: (bool(all_final), float(heard)) for job, all_final, heard, _ in session.execute(stmt)}
+def liveness_facts(*, session: Session, job: Job) -> tuple[bool, float | None]:
+    """Over the newest agent of each rank of the job attempt: (all said goodbye, last heard from)."""
+    stmt = _liveness_facts_stmt(and_(*_of_attempt(job)))
+    for _, _, all_final, heard, _ in session.execute(stmt):
+        return bool(all_final), float(heard)
+    return False, None
 
 
-def job_agents(*, session: Session, job_id: str) -> Sequence[Agent]:
-    """The newest agent of each rank (a restarted rank reports under a new agent id)."""
+def job_agents(*, session: Session, job: Job) -> Sequence[Agent]:
+    """The newest agent of each rank of the job attempt (a restarted rank reports under a new
+    agent id)."""
     agents = session.scalars(
-        select(Agent).where(Agent.job_id == job_id).order_by(Agent.rank, Agent.first_seen)
+        select(Agent).where(*_of_attempt(job)).order_by(Agent.rank, Agent.first_seen)
     ).all()
     latest: dict[int, Agent] = {}
     for agent in agents:
         latest[agent.rank] = agent
     return list(latest.values())
-
-
-def agents_by_job(*, session: Session) -> dict[str, list[Agent]]:
-    out: dict[str, dict[int, Agent]] = {}
-    for agent in session.scalars(select(Agent).order_by(Agent.first_seen)):
-        out.setdefault(agent.job_id, {})[agent.rank] = agent
-    return {job: list(ranks.values()) for job, ranks in out.items()}
 
 
 @dataclass(frozen=True)
@@ -254,19 +316,19 @@ class StepWindow:
 
 
 def job_key(*, session: Session, job_id: str) -> int | None:
-    key = session.scalar(select(Job.key).where(Job.job_id == job_id))
-    return None if key is None else int(key)
+    """The integer key of the job's newest attempt."""
+    job = get_job(session=session, job_id=job_id)
+    return None if job is None else int(job.key)
 
 
 def resolve_window(
-    *, session: Session, job_id: str, window: StepWindow, default_last: int
+    *, session: Session, job: Job, window: StepWindow, default_last: int
 ) -> tuple[int | None, int | None]:
-    """Step bounds of `window`: a range as given, else the newest `last` (or `default_last`)."""
+    """Step bounds of `window` in the job attempt: a range as given, else the newest `last` (or
+    `default_last`)."""
     if window.from_step is not None or window.to_step is not None:
         return window.from_step, window.to_step
-    key = job_key(session=session, job_id=job_id)
-    if key is None:
-        return None, None
+    key = job.key
     # Steps need not be contiguous (resumed jobs): the N-th newest distinct step, found by
     # hopping down the (job_key, step, ...) key one distinct step at a time instead of reading
     # every rank's record of every step.
@@ -290,9 +352,10 @@ def resolve_window(
     return int(min(found)), int(max(found))
 
 
-def restart_steps(*, session: Session, job_id: str) -> list[int]:
-    """The first step each agent incarnation reported: where the job started or restarted."""
-    stmt = select(Agent.first_step).where(Agent.job_id == job_id, Agent.first_step.is_not(None))
+def restart_steps(*, session: Session, job: Job) -> list[int]:
+    """The first step each agent incarnation of the job attempt reported: where it started or a
+    rank restarted."""
+    stmt = select(Agent.first_step).where(*_of_attempt(job), Agent.first_step.is_not(None))
     return sorted({int(s) for s in session.scalars(stmt) if s is not None})
 
 
@@ -302,11 +365,16 @@ def gpu_samples(
     job_id: str,
     rank: int | None = None,
     since: float | None = None,
+    until: float | None = None,
     limit: int = 10_000,
 ) -> Sequence[GpuSample]:
+    """GPU samples of the job's ranks in [since, until]. Samples carry no attempt: an attempt's
+    are those within its time (attempts of a job do not run at once)."""
     stmt = select(GpuSample).where(GpuSample.job_id == job_id)
     if rank is not None:
         stmt = stmt.where(GpuSample.rank == rank)
     if since is not None:
         stmt = stmt.where(GpuSample.time >= since)
+    if until is not None:
+        stmt = stmt.where(GpuSample.time <= until)
     return session.scalars(stmt.order_by(GpuSample.time.desc()).limit(limit)).all()

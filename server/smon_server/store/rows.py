@@ -101,6 +101,13 @@ class ValidBatch:
     counters: pb.AgentCounters | None = None
     rejections: list[pb.Rejection] = field(default_factory=list)
     unknown_fields: int = 0
+    # The job attempt it is stored in, set as it is written (store/attempts.py).
+    attempt: int = 1
+
+    @property
+    def reported_attempt(self) -> int | None:
+        """The attempt identity the agent reported (a launcher's restart count), if any."""
+        return int(self.coords.attempt) if self.coords.HasField("attempt") else None
 
     @property
     def accepted(self) -> int:

@@ -90,7 +90,9 @@ def read_window(
         seq_microbatches=b"".join(p.seq_microbatches for p in parts),
     )
     coords = session.execute(
-        select(Agent.key, Agent.dp_rank, Agent.pp_rank, Agent.tp_rank).where(Agent.job_id == job.job_id)
+        select(Agent.key, Agent.dp_rank, Agent.pp_rank, Agent.tp_rank).where(
+            Agent.job_id == job.job_id, Agent.attempt == job.attempt
+        )
     ).all()
     return _newest_runs(_decode(raw, kind_names(session), np.array(coords, dtype=np.int64).reshape(-1, 4)))
 

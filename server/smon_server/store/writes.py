@@ -2,10 +2,11 @@
 the transaction holding it commits.
 
 The (agent_id, seq) rows are inserted first; a batch whose row already exists is a resend and
-nothing else of it is written. Each job and each agent in the group is upserted once, in key
-order (so two writers never wait on each other in opposite orders). Step records are keyed by
-(job, step, rank, start); their spans are packed (store/codec.py) with kind names turned into codes
-first (store/kinds.py). On PostgreSQL all the group's step records go in with one COPY straight
+nothing else of it is written. Each batch goes to its agent's job attempt (store/attempts.py).
+Each job attempt and each agent in the group is upserted once, in key order (so two writers never
+wait on each other in opposite orders). Step records are keyed by (job attempt, step, rank,
+start); their spans are packed (store/codec.py) with kind names turned into codes first
+(store/kinds.py). On PostgreSQL all the group's step records go in with one COPY straight
 into the table; if a record was already stored by some other route, that COPY fails on the key and
 the group's records are copied again through a staging table with ON CONFLICT DO NOTHING, so each
 record is still stored once.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise, repeat
 from typing import Any
@@ -28,7 +29,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from smon.v1 import ingest_pb2 as pb
-from smon_server.store import codec, copy_binary
+from smon_server.store import attempts, codec, copy_binary
 from smon_server.store.codec import MAX_KINDS
 from smon_server.store.db import Database, Transaction
 from smon_server.store.models import Agent, Base, GpuSample, IngestedBatch, Job, StepRecord
@@ -60,28 +61,39 @@ def write_batch(db: Database, batch: ValidBatch, now: float) -> WriteResult:
 
 
 def write_batches(
-    db: Database, batches: Sequence[ValidBatch], now: float, *, transaction: Transaction | None = None
+    db: Database,
+    batches: Sequence[ValidBatch],
+    now: float,
+    *,
+    stall_seconds: float = attempts.DEFAULT_STALL_SECONDS,
+    transaction: Transaction | None = None,
 ) -> list[WriteResult]:
     """Store `batches` in one transaction (`transaction`, or one from the pool); one result per
-    batch, in order."""
+    batch, in order. `stall_seconds`: how long an agent may be silent and still count as alive (a
+    new agent after that is a new run)."""
     transaction = transaction or db.transaction
     names = set().union(*(b.steps.kind_names for b in batches))
     codes = db.kinds.codes(transaction, names)
     batches = [_refuse_unnamed_kinds(b, codes) for b in batches]
+    placed: dict[str, int] = {}
     with transaction() as session:
         dialect = session.get_bind().dialect.name
         digests = [b.digest for b in batches]
         fresh, conflicts = _claim_batches(session, dialect, batches, digests, now)
         stored = [b for i, b in enumerate(batches) if i in fresh]
         if stored:
+            placed = attempts.assign(session, stored, now=now, stall_seconds=stall_seconds, known=db.attempts)
             job_keys = _upsert_jobs(session, dialect, stored, now)
             agent_keys = _upsert_agents(session, dialect, stored, now)
-            with_steps = [(b, job_keys[b.job_id], agent_keys[b.agent_id]) for b in stored if len(b.steps)]
+            with_steps = [
+                (b, job_keys[(b.job_id, b.attempt)], agent_keys[b.agent_id]) for b in stored if len(b.steps)
+            ]
             if with_steps:
                 _insert_steps(session, dialect, with_steps, codes)
             samples = [row for b in stored for row in b.gpu_samples]
             if samples:
                 _insert_ignoring_conflicts(session, dialect, GpuSample, samples)
+    db.attempts.remember(placed)  # committed: every process may now rely on these
     return [
         WriteResult(duplicate=i not in fresh, stored=b, conflict=i in conflicts)
         for i, b in enumerate(batches)
@@ -245,40 +257,50 @@ def _bulk_insert(model: Any, columns: Sequence[str]) -> Any:
     return postgresql.insert(model).from_select(list(columns), select(*(rows.c[c] for c in columns)))
 
 
-def _by(batches: Iterable[ValidBatch], key: str) -> dict[str, list[ValidBatch]]:
-    """Batches grouped by `key` (job_id or agent_id), keys sorted: rows are locked in that order."""
-    out: dict[str, list[ValidBatch]] = {}
+def _by(batches: Iterable[ValidBatch], key: Callable[[ValidBatch], Any]) -> dict[Any, list[ValidBatch]]:
+    """Batches grouped by `key` ((job_id, attempt) or agent_id), keys sorted: rows are locked in
+    that order."""
+    out: dict[Any, list[ValidBatch]] = {}
     for b in batches:
-        out.setdefault(getattr(b, key), []).append(b)
+        out.setdefault(key(b), []).append(b)
     return dict(sorted(out.items()))
 
 
 def _upsert_rows(
     session: Session, dialect: str, model: Any, rows: list[dict[str, Any]], upsert: Any
-) -> dict[str, int]:
+) -> dict[Any, int]:
     """Upsert `rows` (one per natural key, each with the same keys) and return natural key ->
     integer key: on PostgreSQL one statement over arrays; SQLite assigns keys itself
-    (`_next_key`), so one row at a time."""
-    name = model.job_id if model is Job else model.agent_id
-    stmt = upsert.returning(name, model.key)
+    (`_next_key`), so one row at a time. A job's natural key is (job_id, attempt), an agent's
+    its agent_id."""
+    names = (model.job_id, model.attempt) if model is Job else (model.agent_id,)
+    stmt = upsert.returning(*names, model.key)
+
+    def natural(row: Any) -> Any:
+        return (str(row[0]), int(row[1])) if model is Job else str(row[0])
+
     if dialect == "postgresql":
         params = {column: [row[column] for row in rows] for column in rows[0]}
         result = session.connection().exec_driver_sql(_upsert_sql(model.__tablename__), params)
-        return {str(k): int(v) for k, v in result.all()}
+        return {natural(r): int(r[-1]) for r in result.all()}
     out = {}
     for row in rows:
-        natural, key = session.execute(stmt.values({**row, "key": _next_key(model)})).one()
-        out[str(natural)] = int(key)
+        stored = session.execute(stmt.values({**row, "key": _next_key(model)})).one()
+        out[natural(stored)] = int(stored[-1])
     return out
 
 
-def _upsert_jobs(session: Session, dialect: str, batches: Sequence[ValidBatch], now: float) -> dict[str, int]:
+def _upsert_jobs(
+    session: Session, dialect: str, batches: Sequence[ValidBatch], now: float
+) -> dict[tuple[str, int], int]:
     rows = []
-    for job_id, group in _by(batches, "job_id").items():
+    for (job_id, attempt), group in _by(batches, lambda b: (b.job_id, b.attempt)).items():
         with_steps = [b for b in group if len(b.steps)]
         rows.append(
             {
                 "job_id": job_id,
+                "attempt": attempt,
+                "reported_attempt": attempts.reported_attempt(group),
                 "world_size": max(b.coords.world_size for b in group),
                 "dp_size": max(b.coords.dp_size or b.coords.world_size for b in group),
                 "pp_size": max(b.coords.pp_size or 1 for b in group),
@@ -297,13 +319,13 @@ def _upsert_jobs(session: Session, dialect: str, batches: Sequence[ValidBatch], 
 @functools.cache
 def _upsert_sql(table: str) -> str:
     if table == Job.__tablename__:
-        return _postgres_sql(_job_upsert("postgresql").returning(Job.job_id, Job.key))
+        return _postgres_sql(_job_upsert("postgresql").returning(Job.job_id, Job.attempt, Job.key))
     return _postgres_sql(_agent_upsert("postgresql").returning(Agent.agent_id, Agent.key))
 
 
 _JOB_COLUMNS = (
-    "job_id", "world_size", "dp_size", "pp_size", "tp_size", "first_seen", "last_seen", "last_step",
-    "last_step_seen", "gpu_hours_wasted",
+    "job_id", "attempt", "reported_attempt", "world_size", "dp_size", "pp_size", "tp_size",
+    "first_seen", "last_seen", "last_step", "last_step_seen", "gpu_hours_wasted",
 )  # fmt: skip
 
 
@@ -320,15 +342,16 @@ def _job_upsert(dialect: str) -> Any:
         "tp_size": _greatest(dialect, Job.tp_size, excluded.tp_size),
         "last_step": _greatest(dialect, Job.last_step, excluded.last_step),
         "last_step_seen": _greatest(dialect, Job.last_step_seen, excluded.last_step_seen),
+        "reported_attempt": _greatest(dialect, Job.reported_attempt, excluded.reported_attempt),
     }
-    return stmt.on_conflict_do_update(index_elements=[Job.job_id], set_=update)
+    return stmt.on_conflict_do_update(index_elements=[Job.job_id, Job.attempt], set_=update)
 
 
 def _upsert_agents(
     session: Session, dialect: str, batches: Sequence[ValidBatch], now: float
 ) -> dict[str, int]:
     rows = []
-    for agent_id, group in _by(batches, "agent_id").items():
+    for agent_id, group in _by(batches, lambda b: b.agent_id).items():
         latest = max(group, key=lambda b: b.seq)
         coords = latest.coords
         counters = [b.counters for b in group if b.counters is not None]
@@ -337,6 +360,7 @@ def _upsert_agents(
         row: dict[str, Any] = {
             "agent_id": agent_id,
             "job_id": latest.job_id,
+            "attempt": latest.attempt,
             "rank": coords.rank,
             "local_rank": coords.local_rank,
             "host": coords.host,
@@ -375,10 +399,10 @@ def _upsert_agents(
 
 
 _AGENT_COLUMNS = (
-    "agent_id", "job_id", "rank", "local_rank", "host", "gpu_uuid", "dp_rank", "pp_rank", "tp_rank",
-    "pid", "agent_version", "backend", "clock_offset", "first_seen", "last_seen", "dropped_records",
-    "errors", "final", "first_step", "hb_time", "hb_last_step", "hb_current_step", "hb_phase",
-    "hb_phase_since",
+    "agent_id", "job_id", "attempt", "rank", "local_rank", "host", "gpu_uuid", "dp_rank", "pp_rank",
+    "tp_rank", "pid", "agent_version", "backend", "clock_offset", "first_seen", "last_seen",
+    "dropped_records", "errors", "final", "first_step", "hb_time", "hb_last_step", "hb_current_step",
+    "hb_phase", "hb_phase_since",
 )  # fmt: skip
 
 

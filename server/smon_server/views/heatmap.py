@@ -72,7 +72,15 @@ def downsample(grid: Grid, *, max_ranks: int, max_steps: int) -> dict[str, Any]:
 
 
 def response_json(
-    grid: Grid, *, job_id: str, metric: str, max_ranks: int, max_steps: int, encoding: str = "json"
+    grid: Grid,
+    *,
+    job_id: str,
+    metric: str,
+    max_ranks: int,
+    max_steps: int,
+    encoding: str = "json",
+    attempt: int = 1,
+    attempts: int = 1,
 ) -> bytes:
     """The heatmap response (api.schemas.HeatmapOut) as JSON bytes, built with array operations:
     building and validating 256,000 cells one Python object at a time took most of a 4,096-rank
@@ -81,6 +89,8 @@ def response_json(
     values, r_edges, s_edges, downsampled = _binned(grid, max_ranks, max_steps)
     head = {
         "job_id": job_id,
+        "attempt": attempt,
+        "attempts": attempts,
         "metric": metric,
         "ranks": grid.ranks[r_edges].tolist(),
         "steps": grid.steps[s_edges].tolist(),

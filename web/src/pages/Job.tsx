@@ -3,13 +3,14 @@ import { useEffect, useMemo, useState } from "preact/hooks";
 
 import {
   type Alert,
+  type Attempt,
   type Heatmap as HeatmapData,
   decodeHeatmap,
   type Info,
-  type Job,
   gpuHours,
   type JobsPage,
   type RankInfo,
+  type Run,
   type StepPoint,
   type Summary,
   type TrendPoint,
@@ -32,11 +33,17 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
   const path = jobPath(jobId);
   const fromStep = intParam(search, "from_step");
   const toStep = intParam(search, "to_step");
+  // A job restarted under the same id has attempts; the page shows the newest unless the URL
+  // names another, and every request (and link to a worker) carries that choice.
+  const attempt = intParam(search, "attempt");
+  const which = attempt !== null ? { attempt } : {};
+  const jobKey = `${jobId}|${attempt ?? "newest"}`;
+  const workerHref = (rank: number) => `${path}/workers/${rank}${attempt !== null ? `?attempt=${attempt}` : ""}`;
   const analyseRange = search.get("analyse") === "1" && (fromStep !== null || toStep !== null);
-  const summaryKey = `${jobId}|${analyseRange ? `${fromStep}-${toStep}` : "stored"}`;
+  const summaryKey = `${jobKey}|${analyseRange ? `${fromStep}-${toStep}` : "stored"}`;
 
   const summary = usePoll(
-    () => request<Summary>(`${path}/summary`, analyseRange ? { from_step: fromStep, to_step: toStep } : {}),
+    () => request<Summary>(`${path}/summary`, analyseRange ? { ...which, from_step: fromStep, to_step: toStep } : which),
     summaryKey,
     analyseRange ? 0 : every,
   );
@@ -45,12 +52,13 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
     jobId,
     every,
   );
-  const steps = usePoll(() => request<{ steps: StepPoint[] }>(`${path}/steps`), jobId, every);
+  const attempts = usePoll(() => request<{ attempts: Attempt[] }>(`${path}/attempts`), jobId, every * 3);
+  const steps = usePoll(() => request<{ steps: StepPoint[] }>(`${path}/steps`, which), jobKey, every);
   // The heatmap reports when it has drawn (or failed); what sits below it waits for that.
   const [heatSettled, setHeatSettled] = useState(false);
-  const history = usePoll(() => request<{ points: TrendPoint[] }>(`${path}/trend`), jobId, every * 3, heatSettled);
-  const grid = usePoll(() => request<WorkerGrid>(`${path}/workers`), jobId, every, heatSettled);
-  const ranks = usePoll(() => request<{ ranks: RankInfo[] }>(`${path}/ranks`), jobId, every * 6, heatSettled);
+  const history = usePoll(() => request<{ points: TrendPoint[] }>(`${path}/trend`, which), jobKey, every * 3, heatSettled);
+  const grid = usePoll(() => request<WorkerGrid>(`${path}/workers`, which), jobKey, every, heatSettled);
+  const ranks = usePoll(() => request<{ ranks: RankInfo[] }>(`${path}/ranks`, which), jobKey, every * 6, heatSettled);
   const alerts = usePoll(() => request<{ alerts: Alert[] }>("/alerts", { job: jobId, state: "firing" }), jobId, every, heatSettled);
 
   if (summary.error?.status === 404) {
@@ -70,6 +78,9 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
 
   const s = summary.data;
   const j = job.data;
+  const runs = attempts.data?.attempts ?? [];
+  // The figures of the attempt shown: the jobs-list row is the newest attempt's.
+  const run: Run | null = attempt === null ? j : (runs.find((a) => a.attempt === attempt) ?? null);
   const price = info?.gpu_hour_price ?? 0;
   const grafana = info?.grafana_url ? `${info.grafana_url.replace(/\/$/, "")}/d/smon-overview?var-job=${encodeURIComponent(jobId)}` : null;
 
@@ -84,8 +95,9 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
         </h1>
         <div class="head-meta">
           {s && <StateBadge state={s.state} />}
-          {j && <span>{j.world_size} GPUs</span>}
-          {j?.last_step !== null && j?.last_step !== undefined && <span>step {j.last_step}</span>}
+          {run && <span>{run.world_size} GPUs</span>}
+          {run?.last_step !== null && run?.last_step !== undefined && <span>step {run.last_step}</span>}
+          {runs.length > 1 && <AttemptPicker runs={runs} attempt={attempt} />}
           {s && (
             <span class="muted" title={s.computed_at ?? ""} data-testid="freshness">
               analysed {fmt.ago(s.computed_at)}
@@ -99,6 +111,12 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
         </div>
       </div>
       <ErrorBanner error={summary.error} what="the summary" />
+      {s && attempt !== null && s.attempt < s.attempts && (
+        <div class="attempt-note" role="status" data-testid="attempt-note">
+          Attempt {s.attempt} of {s.attempts}: an earlier run of this job id, before it was restarted.{" "}
+          <Link href={withAttempt(null)}>See the latest attempt</Link>
+        </div>
+      )}
       {(alerts.data?.alerts.length ?? 0) > 0 && (
         <div class="alert-strip" role="status">
           {alerts.data?.alerts.map((a) => (
@@ -109,8 +127,8 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
         </div>
       )}
       {!s && !summary.error && <Loading what="the analysis" />}
-      {s && <Headline s={s} job={j} price={price} analysedRange={analyseRange} />}
-      {s?.recent && <Recent recent={s.recent} jobId={jobId} overall={s.stragglers.map((x) => x.rank)} />}
+      {s && <Headline s={s} run={run} price={price} analysedRange={analyseRange} />}
+      {s?.recent && <Recent recent={s.recent} workerHref={workerHref} overall={s.stragglers.map((x) => x.rank)} />}
 
       <Section
         title="Step time: measured vs ideal"
@@ -180,7 +198,7 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
                 {s.stragglers.map((x) => (
                   <tr key={x.rank} data-rank={x.rank}>
                     <td class="num">
-                      <Link href={`${path}/workers/${x.rank}`}>{x.rank}</Link>
+                      <Link href={workerHref(x.rank)}>{x.rank}</Link>
                     </td>
                     <td>{x.host}</td>
                     <td class="num">{x.dp_rank}</td>
@@ -200,6 +218,8 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
 
       <HeatmapSection
         jobId={jobId}
+        attempt={attempt}
+        workerHref={workerHref}
         search={search}
         ranks={ranks.data?.ranks ?? []}
         phases={info?.phases ?? []}
@@ -209,7 +229,7 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
 
       <Section title="DP rank × pipeline stage (S_w)">
         <ErrorBanner error={grid.error} what="the worker grid" />
-        {grid.data && <WorkerGridTable grid={grid.data} jobId={jobId} ranks={ranks.data?.ranks ?? []} />}
+        {grid.data && <WorkerGridTable grid={grid.data} workerHref={workerHref} ranks={ranks.data?.ranks ?? []} />}
       </Section>
 
       {s && <Attribution s={s} />}
@@ -217,8 +237,39 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
   );
 }
 
-function Headline({ s, job, price, analysedRange }: { s: Summary; job: Job | null; price: number; analysedRange: boolean }) {
-  const wasted = analysedRange ? s.gpu_hours_wasted : (job?.gpu_hours_wasted ?? s.gpu_hours_wasted);
+/** Which run of the job to show; the choice lives in the URL (`?attempt=`), the newest by default. */
+function AttemptPicker({ runs, attempt }: { runs: Attempt[]; attempt: number | null }) {
+  const newest = runs[0]?.attempt ?? 1;
+  return (
+    <label class="attempt-picker">
+      attempt{" "}
+      <select
+        data-testid="attempt"
+        value={String(attempt ?? newest)}
+        onChange={(e) => {
+          const picked = Number((e.target as HTMLSelectElement).value);
+          navigate(withAttempt(picked === newest ? null : picked));
+        }}
+      >
+        {runs.map((a) => (
+          <option key={a.attempt} value={String(a.attempt)}>
+            {a.attempt} of {newest}
+            {a.attempt === newest ? " (latest)" : ""} · started {fmt.dateTime(a.first_seen)} · {a.state}
+          </option>
+        ))}
+      </select>
+    </label>
+  );
+}
+
+/** The page's URL showing attempt `attempt` (null: the newest). Step and rank ranges belong to one
+ * attempt's steps, so they are dropped. */
+function withAttempt(attempt: number | null): string {
+  return withQuery({ attempt, from_step: null, to_step: null, analyse: null, from_rank: null, to_rank: null });
+}
+
+function Headline({ s, run, price, analysedRange }: { s: Summary; run: Run | null; price: number; analysedRange: boolean }) {
+  const wasted = analysedRange ? s.gpu_hours_wasted : (run?.gpu_hours_wasted ?? s.gpu_hours_wasted);
   return (
     <div class="stats" data-testid="headline">
       <Stat
@@ -245,17 +296,25 @@ function Headline({ s, job, price, analysedRange }: { s: Summary; job: Job | nul
       <Stat
         label="GPU-hours wasted"
         value={fmt.hours(wasted)}
-        note={price > 0 ? `${fmt.money(wasted * price)} at ${fmt.money(price)}/GPU-h` : analysedRange ? "in this range" : "since the job started"}
+        note={
+          price > 0
+            ? `${fmt.money(wasted * price)} at ${fmt.money(price)}/GPU-h`
+            : analysedRange
+              ? "in this range"
+              : s.attempts > 1
+                ? "since this attempt started"
+                : "since the job started"
+        }
       />
-      {job && (
-        <Stat label="GPU-hours used" value={fmt.hours(gpuHours(job))} note={price > 0 ? fmt.money(gpuHours(job) * price) : `since ${fmt.dateTime(job.first_seen)}`} />
+      {run && (
+        <Stat label="GPU-hours used" value={fmt.hours(gpuHours(run))} note={price > 0 ? fmt.money(gpuHours(run) * price) : `since ${fmt.dateTime(run.first_seen)}`} />
       )}
       <Stat label="Ideal step" value={fmt.seconds(s.ideal_step_time)} note={`M_W ${s.m_w?.toFixed(2) ?? "–"} · M_S ${s.m_s?.toFixed(2) ?? "–"}`} />
     </div>
   );
 }
 
-function Recent({ recent, jobId, overall }: { recent: NonNullable<Summary["recent"]>; jobId: string; overall: number[] }) {
+function Recent({ recent, workerHref, overall }: { recent: NonNullable<Summary["recent"]>; workerHref: (rank: number) => string; overall: number[] }) {
   const fresh = recent.stragglers.filter((x) => !overall.includes(x.rank));
   return (
     <div class={`recent ${fresh.length ? "warn" : ""}`} data-testid="recent">
@@ -265,7 +324,7 @@ function Recent({ recent, jobId, overall }: { recent: NonNullable<Summary["recen
           {" "}
           · stragglers{" "}
           {recent.stragglers.map((x) => (
-            <Link key={x.rank} href={`${jobPath(jobId)}/workers/${x.rank}`} class="chip">
+            <Link key={x.rank} href={workerHref(x.rank)} class="chip">
               rank {x.rank} ({fmt.slowdown(x.slowdown)})
             </Link>
           ))}
@@ -322,6 +381,8 @@ function HistoryChart({ points }: { points: TrendPoint[] }) {
 
 function HeatmapSection({
   jobId,
+  attempt,
+  workerHref,
   search,
   ranks,
   phases,
@@ -329,6 +390,8 @@ function HeatmapSection({
   onSettled,
 }: {
   jobId: string;
+  attempt: number | null;
+  workerHref: (rank: number) => string;
   search: URLSearchParams;
   ranks: RankInfo[];
   phases: string[];
@@ -344,10 +407,11 @@ function HeatmapSection({
   const [height] = useState(() => Math.min(560, Math.max(260, Math.round(window.innerHeight * 0.5))));
   const rankMap = useMemo(() => new Map(ranks.map((r) => [r.rank, r])), [ranks]);
   const metrics = useMemo(() => Array.from(new Set([...BASE_METRICS, ...phases, metric])), [phases, metric]);
-  const key = `${jobId}|${metric}|${fromStep}|${toStep}|${fromRank}|${toRank}`;
+  const key = `${jobId}|${attempt}|${metric}|${fromStep}|${toStep}|${fromRank}|${toRank}`;
   const heat = usePoll(
     () =>
       request<HeatmapData>(`${jobPath(jobId)}/heatmap`, {
+        attempt,
         metric,
         from_step: fromStep,
         to_step: toStep,
@@ -366,7 +430,7 @@ function HeatmapSection({
   const format = metric === "slowdown" ? (v: number) => `${v.toFixed(3)}×` : fmt.seconds;
   const zoomed = fromRank !== null || toRank !== null;
   const onRow = (row: Row) => {
-    if (row.first === row.last) navigate(`${jobPath(jobId)}/workers/${row.first}`);
+    if (row.first === row.last) navigate(workerHref(row.first));
     else navigate(withQuery({ from_rank: row.first, to_rank: row.last }));
   };
   const empty = heat.data && heat.data.cells.every((v) => Number.isNaN(v));
@@ -415,7 +479,7 @@ function HeatmapSection({
   );
 }
 
-function WorkerGridTable({ grid, jobId, ranks }: { grid: WorkerGrid; jobId: string; ranks: RankInfo[] }) {
+function WorkerGridTable({ grid, workerHref, ranks }: { grid: WorkerGrid; workerHref: (rank: number) => string; ranks: RankInfo[] }) {
   const scale = scaleFor("slowdown", grid.values.flat());
   if (!grid.dp_ranks.length) return <p class="muted">No attribution yet: it runs when S ≥ 1.03.</p>;
   const rankOf = (dp: number, stage: number) => ranks.find((r) => r.dp_rank === dp && r.stage === stage)?.rank;
@@ -444,7 +508,7 @@ function WorkerGridTable({ grid, jobId, ranks }: { grid: WorkerGrid; jobId: stri
                 const text = v === null ? "–" : v.toFixed(2);
                 return (
                   <td key={st} class="num cell" style={{ background: `rgb(${r},${g},${b})`, color: g < 90 ? "#fff" : "#222" }} title={`DP ${dp}, stage ${st}: S_w ${text}`}>
-                    {rank !== undefined ? <Link href={`${jobPath(jobId)}/workers/${rank}`}>{text}</Link> : text}
+                    {rank !== undefined ? <Link href={workerHref(rank)}>{text}</Link> : text}
                   </td>
                 );
               })}

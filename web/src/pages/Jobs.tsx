@@ -136,6 +136,12 @@ export function JobsPage({ search, info }: { search: URLSearchParams; info: Info
                   <tr key={j.job_id} data-job={j.job_id}>
                     <td class="job-id">
                       <Link href={jobPath(j.job_id)}>{j.job_id}</Link>
+                      {j.attempts > 1 && (
+                        <span class="muted small" title="restarted under the same id: the row shows the newest attempt">
+                          {" "}
+                          attempt {j.attempt}
+                        </span>
+                      )}
                     </td>
                     <td>
                       <StateBadge state={j.state} />

@@ -7,6 +7,7 @@ import { LineChart, type Series } from "../components/LineChart";
 import { ErrorBanner, Link, Loading, Section, SlowdownBadge, Stat } from "../components/ui";
 import { usePoll } from "../data";
 import * as fmt from "../format";
+import { intParam } from "../router";
 
 const PHASE_COLORS: Record<string, string> = {
   data_wait: "#16a085",
@@ -39,9 +40,12 @@ export function throttleText(bits: number | null): string {
     .join(", ");
 }
 
-export function WorkerPage({ jobId, rank, info }: { jobId: string; rank: number; info: Info | null }) {
+export function WorkerPage({ jobId, rank, search, info }: { jobId: string; rank: number; search: URLSearchParams; info: Info | null }) {
   const every = Math.max(5, Math.min(30, info?.analysis_interval ?? 10)) * 1000;
-  const w = usePoll(() => request<Worker>(`${jobPath(jobId)}/workers/${rank}`), `${jobId}|${rank}`, every);
+  const attempt = intParam(search, "attempt"); // an earlier run of the job (default: the newest)
+  const which = attempt !== null ? { attempt } : {};
+  const jobHref = `${jobPath(jobId)}${attempt !== null ? `?attempt=${attempt}` : ""}`;
+  const w = usePoll(() => request<Worker>(`${jobPath(jobId)}/workers/${rank}`, which), `${jobId}|${attempt}|${rank}`, every);
   const d = w.data;
   const sync = `worker-${jobId}-${rank}`;
 
@@ -87,11 +91,17 @@ export function WorkerPage({ jobId, rank, info }: { jobId: string; rank: number;
   return (
     <main>
       <nav class="crumbs">
-        <Link href="/">Jobs</Link> / <Link href={jobPath(jobId)}>{jobId}</Link> / <span>rank {rank}</span>
+        <Link href="/">Jobs</Link> / <Link href={jobHref}>{jobId}</Link> / <span>rank {rank}</span>
       </nav>
       <div class="page-head">
         <h1>
           Rank {rank} <span class="muted">of</span> <span class="job-title">{jobId}</span>
+          {d && d.attempts > 1 && (
+            <span class="muted" data-testid="worker-attempt">
+              {" "}
+              · attempt {d.attempt} of {d.attempts}
+            </span>
+          )}
         </h1>
       </div>
       <ErrorBanner error={w.error} what="this worker" />
