@@ -4,11 +4,14 @@ raw `COPY` of the same rows in the same run (issue 8, item 1).
 Starts `smon server` as its own process on a fresh PostgreSQL database (SMON_BENCH_DATABASE_URL,
 default the test server on 127.0.0.1:5432). A client process opens one gRPC stream per agent
 (`--agents`, spread over `--jobs` jobs) and sends pre-serialised batches of DDP step records the
-way the agent's shipper does, each stream waiting for an Ack (sent after the commit, so an acked
-record is queryable) before its next batch. Reported:
-- step records/s from the first send to the last Ack, and p50 / p99 send-to-Ack latency;
-- the baseline: the same stored rows copied with one raw `COPY` into a table of the same schema,
-  in records/s; and the ratio (target ≥ 0.40, and ≥ 100,000 records/s);
+way the agent's shipper does (256 records a batch, a window of batches awaiting their Acks; an Ack
+is sent after the commit, so an acked record is queryable). Each of `--rounds` rounds ingests
+fresh jobs, then copies exactly the rows that round stored with one raw `COPY` into a fresh table
+of the same schema: the two alternate, so the machine's noise falls on both alike. Reported:
+- step records/s from the first send to the last Ack (best round and median), p50 / p99
+  send-to-Ack latency, CPU per record of the server, PostgreSQL's backends and the load generator;
+- the raw `COPY` baseline in records/s (best round and median), and the ratio of the best rounds
+  beside each round's own (targets: ≥ 0.40 and ≥ 100,000 records/s);
 - bytes per stored record (`pg_total_relation_size`, indexes included).
 
 With `--busy-ranks N`, a stalled N-rank × 500-step job is stored first (stalled jobs are
@@ -16,8 +19,8 @@ analysed at every pass, here every second), and the ingest runs twice: with the 
 server process (SMON_ANALYSIS_WORKERS=0) and in a worker process (=1), to show what a big
 analysis costs ingest in each case.
 
-    .venv/bin/python benchmarks/ingest.py [--agents 32] [--jobs 1] [--batches 20] [--per-batch 100]
-                                          [--busy-ranks 1024]
+    .venv/bin/python benchmarks/ingest.py [--agents 32] [--jobs 1] [--batches 60] [--per-batch 256]
+                                          [--window 8] [--rounds 3] [--wire table] [--busy-ranks 1024]
 
 Prints figures, never asserts them.
 """
@@ -131,10 +134,9 @@ def backends_of(database: str) -> list[int]:
     return pids
 
 
-def copy_baseline(conninfo: str, prefix: str, repeats: int = 3) -> tuple[float, int]:
-    """Raw COPY of this run's stored step records into a plain table of the same schema:
-    records/s, the best of `repeats` copies (each into a fresh table), so the baseline is the
-    database's capacity rather than one copy's luck with the machine's noise."""
+def copy_baseline(conninfo: str, prefix: str, repeats: int = 1) -> tuple[float, int]:
+    """Raw COPY of the step records stored for jobs named `prefix`-… into a fresh table of the
+    same schema, in one transaction: records/s (the best of `repeats` copies)."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
         buffer = io.BytesIO()
         rows_of_run = (
@@ -161,8 +163,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--agents", type=int, default=32)
     parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--batches", type=int, default=20)
-    parser.add_argument("--per-batch", type=int, default=100)
+    parser.add_argument("--batches", type=int, default=60)
+    parser.add_argument("--per-batch", type=int, default=256, help="records per batch (the agent's default)")
+    parser.add_argument("--rounds", type=int, default=3, help="ingest and COPY rounds, alternated")
     parser.add_argument("--busy-ranks", type=int, default=0)
     parser.add_argument(
         "--compression", choices=("none", "gzip"), default="none", help="as SMON_AGENT_COMPRESSION"
@@ -209,57 +212,90 @@ def busy_job(url: str, ranks: int) -> None:
 
 
 def run(args: argparse.Namespace, url: URL, prefix: str, env: dict[str, str]) -> None:
+    """`args.rounds` rounds, each an ingest of fresh jobs then one raw COPY of exactly the rows it
+    stored: the two alternate, so load from elsewhere on the machine falls on both alike, and
+    each is reported as its best round (noise only ever slows a round down) and its median."""
     http, grpc_port = free_port(), free_port()
     server = start_server(url.render_as_string(hide_password=False), http, grpc_port, env)
+    conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    rounds: list[dict[str, float]] = []
     try:
         per_job = max(1, args.agents // args.jobs)
-        payloads = [
-            batches(
-                f"{prefix}-{a // per_job}", a % per_job, per_job, args.batches, args.per_batch, args.wire_form
+        for r in range(args.rounds):
+            tag, wire = f"{prefix}-r{r}", args.wire_form
+            payloads = [
+                batches(f"{tag}-{a // per_job}", a % per_job, per_job, args.batches, args.per_batch, wire)
+                for a in range(args.agents)
+            ]
+            database = url.database or ""
+            before = {
+                "server": cpu_seconds([server.pid]),
+                "client": time.process_time(),
+                "backends": cpu_seconds(backends_of(database)),
+            }
+            backends_seen = set(backends_of(database))
+            seconds, latencies, acked = asyncio.run(
+                send(f"127.0.0.1:{grpc_port}", payloads, args.window, args.compression)
             )
-            for a in range(args.agents)
-        ]
-        database = url.database or ""
-        before = {
-            "server": cpu_seconds([server.pid]),
-            "client": time.process_time(),
-            "backends": cpu_seconds(backends_of(database)),
-        }
-        backends_seen = set(backends_of(database))
-        seconds, latencies, acked = asyncio.run(
-            send(f"127.0.0.1:{grpc_port}", payloads, args.window, args.compression)
-        )
-        backends_seen |= set(backends_of(database))
-        cpu = {
-            "server": cpu_seconds([server.pid]) - before["server"],
-            "client": time.process_time() - before["client"],
-            "backends": cpu_seconds(sorted(backends_seen)) - before["backends"],
-        }
-        rate = acked / seconds
-        latencies.sort()
-        p50 = statistics.median(latencies)
-        p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-        conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+            backends_seen |= set(backends_of(database))
+            cpu = {
+                "server": cpu_seconds([server.pid]) - before["server"],
+                "client": time.process_time() - before["client"],
+                "backends": cpu_seconds(sorted(backends_seen)) - before["backends"],
+            }
+            latencies.sort()
+            copy_rate, stored = copy_baseline(conninfo, tag, repeats=1)
+            figures = {
+                "rate": acked / seconds,
+                "copy": copy_rate,
+                "p50": statistics.median(latencies),
+                "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+                "acked": acked,
+                "stored": stored,
+                "seconds": seconds,
+                "load": os.getloadavg()[0],
+                **{f"cpu_{k}": v / max(acked, 1) * 1e6 for k, v in cpu.items()},
+            }
+            rounds.append(figures)
+            rate = figures["rate"]
+            print(
+                f"round {r + 1}: ingest {rate:>9,.0f} records/s ({acked:,} acked in {seconds:.1f} s, "
+                f"{stored:,} stored), raw COPY {copy_rate:>9,.0f} records/s, ratio {rate / copy_rate:.3f}, "
+                f"p99 {figures['p99'] * 1000:.0f} ms, load {figures['load']:.1f}"
+            )
         db = Database(url.render_as_string(hide_password=False))
         with db.session() as session:
             size = partitions.stored_bytes(session)
             everything = session.scalar(text("SELECT count(*) FROM step_records")) or 1
         db.dispose()
-        copy_rate, stored = copy_baseline(conninfo, prefix)
+
+        def best(key: str) -> float:
+            return max(x[key] for x in rounds)
+
+        def median(key: str) -> float:
+            return statistics.median(x[key] for x in rounds)
+
         print(
-            f"agents {args.agents} over {args.jobs} job(s), {args.batches} batches of {args.per_batch} steps"
+            f"agents {args.agents} over {args.jobs} job(s), {args.batches} batches of {args.per_batch} "
+            f"steps, {args.window} in flight per stream, {len(rounds)} rounds"
+        )
+        print(f"ingest      {best('rate'):>10,.0f} records/s best round  (median {median('rate'):,.0f})")
+        p50, p99 = median("p50") * 1000, median("p99") * 1000
+        print(f"send->ack   p50 {p50:.0f} ms  p99 {p99:.0f} ms  (median round)")
+        print(
+            f"CPU/record  server {median('cpu_server'):.1f} us, "
+            f"PostgreSQL backends {median('cpu_backends'):.1f} us, "
+            f"load generator {median('cpu_client'):.1f} us  (median round; load average {median('load'):.1f})"
         )
         print(
-            f"ingest      {rate:>10,.0f} records/s  ({acked:,} acked in {seconds:.1f} s; {stored:,} stored)"
+            f"raw COPY    {best('copy'):>10,.0f} records/s best round  (median {median('copy'):,.0f}; "
+            "the same rows, a table of the same schema)"
         )
-        print(f"send->ack   p50 {p50 * 1000:.0f} ms  p99 {p99 * 1000:.0f} ms")
-        per = {k: v / max(acked, 1) * 1e6 for k, v in cpu.items()}
+        ratios = [x["rate"] / x["copy"] for x in rounds]
         print(
-            f"CPU/record  server {per['server']:.1f} us, PostgreSQL backends {per['backends']:.1f} us, "
-            f"load generator {per['client']:.1f} us  (load average {os.getloadavg()[0]:.1f})"
+            f"ratio       {best('rate') / best('copy'):>10.3f}  best / best  (per round: "
+            f"{', '.join(f'{q:.3f}' for q in ratios)}; target >= 0.40)"
         )
-        print(f"raw COPY    {copy_rate:>10,.0f} records/s  (same rows, table of the same schema; best of 3)")
-        print(f"ratio       {rate / copy_rate:>10.3f}  (target >= 0.40)")
         print(f"storage     {size / everything:>10.0f} bytes/record (indexes included)")
     finally:
         server.kill()
