@@ -9,7 +9,9 @@ is sent after the commit, so an acked record is queryable). Each of `--rounds` r
 fresh jobs, then copies exactly the rows that round stored with one raw `COPY` into a fresh table
 of the same schema: the two alternate, so the machine's noise falls on both alike. Reported:
 - step records/s from the first send to the last Ack (best round and median), p50 / p99
-  send-to-Ack latency, CPU per record of the server, PostgreSQL's backends and the load generator;
+  send-to-Ack latency (with `--rate`, the latency at that offered load rather than at saturation,
+  where it is the time the whole in-flight window takes to drain), CPU per record of the server,
+  PostgreSQL's backends and the load generator;
 - the raw `COPY` baseline in records/s (best round and median), and the ratio of the best rounds
   beside each round's own (targets: ≥ 0.40 and ≥ 100,000 records/s);
 - bytes per stored record (`pg_total_relation_size`, indexes included).
@@ -20,7 +22,8 @@ server process (SMON_ANALYSIS_WORKERS=0) and in a worker process (=1), to show w
 analysis costs ingest in each case.
 
     .venv/bin/python benchmarks/ingest.py [--agents 32] [--jobs 1] [--batches 60] [--per-batch 256]
-                                          [--window 8] [--rounds 3] [--wire table] [--busy-ranks 1024]
+                                          [--window 8] [--rounds 3] [--wire table] [--rate 0]
+                                          [--busy-ranks 1024]
 
 Prints figures, never asserts them.
 """
@@ -69,14 +72,17 @@ def batches(job: str, rank: int, world: int, count: int, per_batch: int, wire: s
 
 
 async def send(
-    target: str, agents: list[list[bytes]], window: int, compression: str
+    target: str, agents: list[list[bytes]], window: int, compression: str, batch_interval: float = 0.0
 ) -> tuple[float, list[float], int]:
     """(seconds, send-to-Ack latencies, records acked) for all agents streaming at once, each with
-    up to `window` batches awaiting their Ack, as the agent's shipper keeps them in flight."""
+    up to `window` batches awaiting their Ack, as the agent's shipper keeps them in flight. With a
+    `batch_interval`, each agent sends a batch every that many seconds (starts spread over one
+    interval), as training makes them, instead of as fast as the Acks allow."""
     latencies: list[float] = []
     acked = 0
+    start = time.perf_counter()
 
-    async def one(payloads: list[bytes]) -> None:
+    async def one(payloads: list[bytes], offset: float) -> None:
         nonlocal acked
         async with grpc.aio.insecure_channel(target) as channel:
             stream = channel.stream_stream(
@@ -95,15 +101,16 @@ async def send(
                     in_flight.release()
 
             reader = asyncio.create_task(read_acks())
-            for payload in payloads:
+            for i, payload in enumerate(payloads):
+                if batch_interval:
+                    await asyncio.sleep(max(0.0, start + offset + i * batch_interval - time.perf_counter()))
                 await in_flight.acquire()
                 sent_at.append(time.perf_counter())
                 await call.write(payload)
             await reader
             await call.done_writing()
 
-    start = time.perf_counter()
-    await asyncio.gather(*(one(p) for p in agents))
+    await asyncio.gather(*(one(p, batch_interval * a / len(agents)) for a, p in enumerate(agents)))
     return time.perf_counter() - start, latencies, acked
 
 
@@ -166,6 +173,12 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--per-batch", type=int, default=256, help="records per batch (the agent's default)")
     parser.add_argument("--rounds", type=int, default=3, help="ingest and COPY rounds, alternated")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="records/s offered by all agents together, batches paced evenly (0: as fast as Acks allow)",
+    )
     parser.add_argument("--busy-ranks", type=int, default=0)
     parser.add_argument(
         "--compression", choices=("none", "gzip"), default="none", help="as SMON_AGENT_COMPRESSION"
@@ -234,8 +247,9 @@ def run(args: argparse.Namespace, url: URL, prefix: str, env: dict[str, str]) ->
                 "backends": cpu_seconds(backends_of(database)),
             }
             backends_seen = set(backends_of(database))
+            interval = args.agents * args.per_batch / args.rate if args.rate else 0.0
             seconds, latencies, acked = asyncio.run(
-                send(f"127.0.0.1:{grpc_port}", payloads, args.window, args.compression)
+                send(f"127.0.0.1:{grpc_port}", payloads, args.window, args.compression, interval)
             )
             backends_seen |= set(backends_of(database))
             cpu = {
