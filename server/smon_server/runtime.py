@@ -64,6 +64,7 @@ async def serve(
         max_group_records=settings.ingest_group_records,
         max_pending_records=settings.ingest_pending_records,
         stall_seconds=settings.stall_seconds,
+        writers=settings.ingest_writers,
     )
     committer.start()
     service = IngestService(

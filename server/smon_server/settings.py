@@ -79,6 +79,8 @@ class Settings(BaseSettings):
     # written before streams stop taking batches in (past half of it, Acks ask agents to throttle).
     ingest_group_records: Annotated[int, Field(gt=0)] = 50_000
     ingest_pending_records: Annotated[int, Field(gt=0)] = 200_000
+    # Writer threads, each with its own connection, on PostgreSQL (SQLite: one).
+    ingest_writers: Annotated[int, Field(gt=0)] = 2
     # Records per second one agent may send before its Acks ask it to hold back (and, past twice
     # its 10 s burst, its batches are refused: ingest/limits.py). 0: no limit. A rank sends a few.
     ingest_agent_records_per_second: Annotated[float, Field(ge=0)] = 5_000.0

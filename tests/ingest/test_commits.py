@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -15,11 +15,13 @@ from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest import commits
 from smon_server.ingest.commits import GroupCommitter
 from smon_server.ingest.validate import Limits, validate_batch
+from smon_server.store import migrate, row_keys
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, Job, StepRecord
 from smon_server.store.rows import ValidBatch
 from smon_server.store.writes import WriteResult, write_batches
 from tests import factories as f
+from tests.databases import fresh_database
 
 STEPS = f.dp_job_steps(4, range(20))
 
@@ -180,3 +182,120 @@ def test_heartbeat_of_a_group_is_the_newest(db: Database) -> None:
     with db.session() as session:
         agent = session.scalars(select(Agent).where(Agent.job_id == "hb")).one()
         assert agent.hb_current_step == 9
+
+
+@pytest.fixture
+def postgres_db_pair(postgres_admin_url: str) -> Iterator[tuple[Database, Database]]:
+    """Two fresh, migrated PostgreSQL databases."""
+    with (
+        fresh_database(postgres_admin_url, "smon_test") as first,
+        fresh_database(postgres_admin_url, "smon_test") as second,
+    ):
+        dbs = Database(first), Database(second)
+        for database in dbs:
+            migrate.upgrade(database)
+        try:
+            yield dbs
+        finally:
+            for database in dbs:
+                database.dispose()
+
+
+def rows_of(db: Database) -> tuple[list[Any], list[Any], list[Any]]:
+    """The stored jobs, agents and step records, keys named by their natural keys (so two
+    databases that stored the same batches compare equal)."""
+    with db.session() as session:
+        jobs = {j.key: (j.job_id, j.attempt) for j in session.scalars(select(Job))}
+        agents = {a.key: a.agent_id for a in session.scalars(select(Agent))}
+        job_rows = sorted(
+            (j.job_id, j.attempt, j.world_size, j.last_step, j.last_seen, j.last_step_seen, j.first_seen)
+            for j in session.scalars(select(Job))
+        )
+        agent_rows = sorted(
+            (a.agent_id, a.job_id, a.attempt, a.rank, a.first_step, a.last_seen)
+            for a in session.scalars(select(Agent))
+        )
+        steps = sorted(
+            (jobs[r.job_key], agents[r.agent_key], r.rank, r.step, r.start_time, r.duration, bytes(r.spans))
+            for r in session.scalars(select(StepRecord))
+        )
+    return job_rows, agent_rows, steps
+
+
+@pytest.mark.postgres
+def test_groups_of_known_jobs_store_what_the_first_path_stores(
+    postgres_db_pair: tuple[Database, Database],
+) -> None:
+    # With every job and agent key remembered, a group writes its records before it upserts the
+    # rows: the same rows as upserting first (the reference never remembers keys).
+    fast, reference = postgres_db_pair
+    reference.row_keys.lookup = lambda batches: None  # type: ignore[method-assign]
+    groups = [[valid(rank, seq, range(5 * (seq - 1), 5 * seq)) for rank in range(4)] for seq in (1, 2, 3)]
+    for i, group in enumerate(groups):
+        for db in (fast, reference):
+            write_batches(db, group, now=f.T0 + i)
+    assert fast.row_keys.lookup(groups[-1]) is not None
+    assert rows_of(fast) == rows_of(reference)
+    assert rows_of(fast)[2] and len(rows_of(fast)[2]) == 4 * 15
+
+
+@pytest.mark.postgres
+def test_a_stale_remembered_key_undoes_the_group_and_it_is_stored_again(
+    postgres_db_pair: tuple[Database, Database],
+) -> None:
+    db, _ = postgres_db_pair
+    write_batches(db, [valid(0, 1, range(0, 5))], now=f.T0)
+    known = db.row_keys.lookup([valid(0, 2, range(5, 10))])
+    assert known is not None
+    jobs, agents = known
+    db.row_keys.remember({name: key + 1000 for name, key in jobs.items()}, agents)  # a row made anew
+    with pytest.raises(row_keys.StaleRowKeys):
+        write_batches(db, [valid(0, 2, range(5, 10))], now=f.T0)
+    assert stored_steps(db) == 5  # the group's COPY was undone with it
+    [result] = write_batches(db, [valid(0, 2, range(5, 10))], now=f.T0)  # keys forgotten: upserts first
+    assert not result.duplicate
+    assert rows_of(db)[2] == sorted(rows_of(db)[2]) and stored_steps(db) == 10
+    assert db.row_keys.lookup([valid(0, 3, range(10, 12))]) == known
+
+
+@pytest.mark.postgres
+def test_two_writers_commit_one_jobs_groups_side_by_side(
+    postgres_db_pair: tuple[Database, Database], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Sixteen ranks of one job streaming at once through two writer threads: both commit groups,
+    # every batch is acked once and stored once, and the job's row has the newest step.
+    db, _ = postgres_db_pair
+    threads: set[str] = set()
+    both = threading.Barrier(2, timeout=10)
+
+    def writing(db: Database, batches: Sequence[ValidBatch], now: float, **kwargs: Any) -> list[WriteResult]:
+        if threading.current_thread().name not in threads:
+            threads.add(threading.current_thread().name)
+            both.wait()  # each writer's first group waits for the other's: they overlap
+        return write_batches(db, batches, now, **kwargs)
+
+    monkeypatch.setattr(commits, "write_batches", writing)
+    ranks, per_rank = 16, 10
+    steps = f.dp_job_steps(ranks, range(per_rank * 5))
+    # Groups of at most two batches, and every batch sent at once, so the second writer has work
+    # while the first one's group waits for it.
+    committer = GroupCommitter(db, writers=2, max_group_records=10)
+    committer.start()
+
+    async def scenario() -> list[WriteResult]:
+        batches = [
+            f.batch("side", r, ranks, seq=seq, steps=steps[r][5 * (seq - 1) : 5 * seq])
+            for seq in range(1, per_rank + 1)
+            for r in range(ranks)
+        ]
+        return await asyncio.gather(*(committer.write(validate_batch(b, Limits())) for b in batches))
+
+    results = asyncio.run(scenario())
+    committer.stop()
+    assert len(threads) == 2
+    assert len(results) == ranks * per_rank and not any(r.duplicate for r in results)
+    assert stored_steps(db) == ranks * per_rank * 5
+    with db.session() as session:
+        job = session.scalars(select(Job).where(Job.job_id == "side")).one()
+        assert job.last_step == per_rank * 5 - 1
+        assert session.scalar(select(func.count()).select_from(Agent)) == ranks

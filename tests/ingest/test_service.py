@@ -158,7 +158,8 @@ def test_a_streams_batches_wait_for_one_commit_together(postgres_url: str) -> No
     job = f.new_job_id()
     per_rank = f.dp_job_steps(1, range(14))[0]
     with (
-        BackgroundServer(server_settings(postgres_url)) as server,
+        # One writer: a second would take the next batch while the first waits (as it should).
+        BackgroundServer(server_settings(postgres_url, ingest_writers=1)) as server,
         grpc.insecure_channel(server.grpc_target) as ch,
     ):
         stub = pb_grpc.IngestStub(ch)

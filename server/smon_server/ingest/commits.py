@@ -1,12 +1,15 @@
 """Group commit: batches from every agent stream share transactions, and agents are slowed down
 when the database falls behind.
 
-One writer thread owns the database writes. Whatever batches arrived while it was committing the
-previous group go into the next transaction together (up to `max_group_records`), so the per-
-transaction costs (the commit's WAL flush, the job and agent upserts, the COPY set-up) are paid once
-per group instead of once per batch: at many agents the group grows with the load, the way
-PostgreSQL's own commit_delay groups WAL flushes. A batch's Ack is sent only after the transaction
-holding it commits.
+Writer threads (`writers`, each with its own connection; one on SQLite) own the database writes.
+Whatever batches arrived while a writer was committing its previous group go into its next
+transaction together (up to `max_group_records`), so the per-transaction costs (the commit's WAL
+flush, the job and agent upserts, the COPY set-up) are paid once per group instead of once per
+batch: at many agents the group grows with the load, the way PostgreSQL's own commit_delay groups
+WAL flushes. With two writers one builds its group's rows while the other's COPY and commit run in
+PostgreSQL; their groups of one job meet only on the job's row, locked for the last statements
+before each commit (store/row_keys.py). A batch's Ack is sent only after the transaction holding it
+commits.
 
 Backpressure, in two steps. Past half of `max_pending_records` waiting to be written, every Ack
 carries `throttle_seconds` (the time the backlog takes to drain at the measured write rate), and
@@ -79,6 +82,7 @@ class GroupCommitter:
         max_pending_records: int = 200_000,
         clock: Callable[[], float] = time.time,
         stall_seconds: float = DEFAULT_STALL_SECONDS,
+        writers: int = 1,
     ) -> None:
         self.db = db
         self.stall_seconds = stall_seconds  # a new agent after this much silence is a new attempt
@@ -90,19 +94,35 @@ class GroupCommitter:
         self._space: asyncio.Condition | None = None
         self._rate = 0.0  # records/s of recent groups (EWMA), for the throttle hint
         self.groups = 0  # groups committed (a test reads it)
-        self._thread: threading.Thread | None = None
-        self._connection = HeldConnection(db.engine)  # the writer thread's own
+        # SQLite takes one writer at a time whatever the threads do.
+        self.writers = writers if db.engine.dialect.name == "postgresql" else 1
+        self._threads: list[threading.Thread] = []
+        self._local = threading.local()  # each writer thread's own HeldConnection
+        self._groups_lock = threading.Lock()
+
+    @property
+    def _connection(self) -> HeldConnection:
+        held: HeldConnection | None = getattr(self._local, "connection", None)
+        if held is None:
+            held = self._local.connection = HeldConnection(self.db.engine)
+        return held
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="smon-writer", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"smon-writer-{i}", daemon=True)
+            for i in range(self.writers)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Finish what was taken in, then end the writer thread."""
-        if self._thread is not None:
+        """Finish what was taken in, then end the writer threads."""
+        for _ in self._threads:
             self._items.put(None)
-            self._thread.join(timeout)
-            self._thread = None
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._threads = []
 
     @property
     def pending_records(self) -> int:
@@ -117,7 +137,7 @@ class GroupCommitter:
 
     async def write(self, batch: ValidBatch) -> WriteResult:
         """Store `batch` in the next group; returns once that group is committed."""
-        if self._thread is None:
+        if not self._threads:
             raise RuntimeError("GroupCommitter.start() was not called")
         loop = asyncio.get_running_loop()
         space = self._space = self._space or asyncio.Condition()
@@ -178,7 +198,8 @@ class GroupCommitter:
                 log.warning("a group of %d batches failed (%s); writing them one by one", len(group), exc)
                 results = [self._alone(i) for i in group]
         seconds = time.perf_counter() - started
-        self.groups += 1
+        with self._groups_lock:
+            self.groups += 1
         if seconds > 0:
             rate = records / seconds
             self._rate = rate if not self._rate else 0.8 * self._rate + 0.2 * rate

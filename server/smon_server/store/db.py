@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from smon_server.store.attempts import AgentAttempts
 from smon_server.store.kinds import SpanKinds, Transaction
+from smon_server.store.row_keys import RowKeys
 
 __all__ = ["DATABASE_UNAVAILABLE", "Database", "HeldConnection", "Transaction", "make_engine"]
 
@@ -87,6 +88,7 @@ class Database:
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self.kinds = SpanKinds()
         self.attempts = AgentAttempts()
+        self.row_keys = RowKeys()
 
     @property
     def is_postgres(self) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise, repeat
 from typing import Any
@@ -76,6 +76,7 @@ def write_batches(
     codes = db.kinds.codes(transaction, names)
     batches = [_refuse_unnamed_kinds(b, codes) for b in batches]
     placed: dict[str, int] = {}
+    keys: tuple[dict[tuple[str, int], int], dict[str, int]] | None = None
     with transaction() as session:
         dialect = session.get_bind().dialect.name
         digests = [b.digest for b in batches]
@@ -83,21 +84,47 @@ def write_batches(
         stored = [b for i, b in enumerate(batches) if i in fresh]
         if stored:
             placed = attempts.assign(session, stored, now=now, stall_seconds=stall_seconds, known=db.attempts)
-            job_keys = _upsert_jobs(session, dialect, stored, now)
-            agent_keys = _upsert_agents(session, dialect, stored, now)
-            with_steps = [
-                (b, job_keys[(b.job_id, b.attempt)], agent_keys[b.agent_id]) for b in stored if len(b.steps)
-            ]
-            if with_steps:
-                _insert_steps(session, dialect, with_steps, codes)
-            samples = [row for b in stored for row in b.gpu_samples]
-            if samples:
-                _insert_ignoring_conflicts(session, dialect, GpuSample, samples)
+            known = db.row_keys.lookup(stored) if dialect == "postgresql" else None
+            if known is None:
+                keys = (
+                    _upsert_jobs(session, dialect, stored, now),
+                    _upsert_agents(session, dialect, stored, now),
+                )
+                _insert_records(session, dialect, stored, keys, codes)
+            else:
+                # Records first, the rows other writers of these jobs lock last (store/row_keys.py).
+                _insert_records(session, dialect, stored, known, codes)
+                keys = (
+                    _upsert_jobs(session, dialect, stored, now),
+                    _upsert_agents(session, dialect, stored, now),
+                )
+                db.row_keys.check(known, keys)
     db.attempts.remember(placed)  # committed: every process may now rely on these
+    if keys is not None:
+        db.row_keys.remember(*keys)
     return [
         WriteResult(duplicate=i not in fresh, stored=b, conflict=i in conflicts)
         for i, b in enumerate(batches)
     ]
+
+
+def _insert_records(
+    session: Session,
+    dialect: str,
+    stored: Sequence[ValidBatch],
+    keys: tuple[Mapping[tuple[str, int], int], Mapping[str, int]],
+    codes: dict[str, int],
+) -> None:
+    """The batches' step records and GPU samples, with their job attempt and agent keys."""
+    job_keys, agent_keys = keys
+    with_steps = [
+        (b, job_keys[(b.job_id, b.attempt)], agent_keys[b.agent_id]) for b in stored if len(b.steps)
+    ]
+    if with_steps:
+        _insert_steps(session, dialect, with_steps, codes)
+    samples = [row for b in stored for row in b.gpu_samples]
+    if samples:
+        _insert_ignoring_conflicts(session, dialect, GpuSample, samples)
 
 
 def _refuse_unnamed_kinds(batch: ValidBatch, codes: dict[str, int]) -> ValidBatch:
