@@ -126,20 +126,22 @@ def build(url: str, ranks: int, steps: int) -> tuple[float, float]:
     conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO jobs (job_id, world_size, dp_size, pp_size, tp_size, first_seen, last_seen, "
-            "last_step, last_step_seen, gpu_hours_wasted) VALUES ('bench', %s, %s, 1, 1, %s, %s, %s, %s, 0)",
+            "INSERT INTO jobs (job_id, attempt, world_size, dp_size, pp_size, tp_size, first_seen, "
+            "last_seen, last_step, last_step_seen, gpu_hours_wasted) "
+            "VALUES ('bench', 1, %s, %s, 1, 1, %s, %s, %s, %s, 0)",
             (ranks, ranks, origin, time.time(), steps - 1, time.time()),
         )
         with conn.cursor().copy(
-            "COPY agents (agent_id, job_id, rank, local_rank, host, gpu_uuid, dp_rank, pp_rank, tp_rank, "
-            "pid, agent_version, backend, clock_offset, first_seen, last_seen, dropped_records, errors, "
-            "final, first_step, hb_phase) FROM STDIN"
+            "COPY agents (agent_id, job_id, attempt, rank, local_rank, host, gpu_uuid, dp_rank, pp_rank, "
+            "tp_rank, pid, agent_version, backend, clock_offset, first_seen, last_seen, dropped_records, "
+            "errors, final, first_step, hb_phase) FROM STDIN"
         ) as copy:
             for r in range(ranks):
                 copy.write_row(
                     (
                         f"agent-{r + 1:032d}",
                         "bench",
+                        1,
                         r,
                         r % 8,
                         f"host-{r // 8}",
@@ -245,7 +247,7 @@ def run_pass(url: str, ranks: int, steps: int, new_steps: int, cache_mb: int) ->
             append_steps(url, ranks, steps, new_steps)
             figures["peak_reset"] = _reset_peak()
         with db.session() as session:
-            job = session.get(Job, "bench")
+            job = session.get(Job, ("bench", 1))
             assert job is not None
             start = time.perf_counter()
             result = analyze_job(session=session, job=job, settings=settings, now=time.time())
@@ -276,21 +278,21 @@ def build_many(url: str, jobs: int, ranks: int, steps: int) -> None:
         for j in range(1, jobs + 1):
             origin = now - 600 - j
             conn.execute(
-                "INSERT INTO jobs (key, job_id, world_size, dp_size, pp_size, tp_size, first_seen, "
+                "INSERT INTO jobs (key, job_id, attempt, world_size, dp_size, pp_size, tp_size, first_seen, "
                 "last_seen, last_step, last_step_seen, gpu_hours_wasted) "
-                "VALUES (%s, %s, %s, %s, 1, 1, %s, %s, %s, %s, 0)",
+                "VALUES (%s, %s, 1, %s, %s, 1, 1, %s, %s, %s, %s, 0)",
                 (j, f"bench-{j}", ranks, ranks, origin, now, steps - 1, now),
             )
             with conn.cursor().copy(
-                "COPY agents (key, agent_id, job_id, rank, local_rank, host, gpu_uuid, dp_rank, pp_rank, "
-                "tp_rank, pid, agent_version, backend, clock_offset, first_seen, last_seen, dropped_records, "
-                "errors, final, first_step, hb_phase) FROM STDIN"
+                "COPY agents (key, agent_id, job_id, attempt, rank, local_rank, host, gpu_uuid, dp_rank, "
+                "pp_rank, tp_rank, pid, agent_version, backend, clock_offset, first_seen, last_seen, "
+                "dropped_records, errors, final, first_step, hb_phase) FROM STDIN"
             ) as copy:
                 for r in range(ranks):
                     key = (j - 1) * ranks + r + 1
                     copy.write_row(
-                        (key, f"agent-{key:032d}", f"bench-{j}", r, r % 8, f"host-{j}-{r // 8}", "", r, 0, 0,
-                         1, "", "gloo", 0.0, origin, now, 0, 0, False, 0, "")
+                        (key, f"agent-{key:032d}", f"bench-{j}", 1, r, r % 8, f"host-{j}-{r // 8}", "", r,
+                         0, 0, 1, "", "gloo", 0.0, origin, now, 0, 0, False, 0, "")
                     )  # fmt: skip
             with conn.cursor().copy(COPY_STEPS) as copy:
                 for row in synthetic_job(ranks, steps, np.random.default_rng(j), origin, job_key=j):

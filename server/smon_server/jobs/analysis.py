@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from smon_server.jobs import live, trend
 from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness, job_state
+from smon_server.jobs.memory import release_freed_memory
 from smon_server.jobs.window_ops import WindowCache, cache_key, window_ops
 from smon_server.settings import Settings
 from smon_server.store import grids, phase_grids, queries
@@ -91,6 +92,7 @@ def analyze_job(
         cache=process_cache(settings) if window is None else None,
         on_read=phases.add if phases is not None else None,
     )
+    release_freed_memory()  # the chunks the cold build freed: the engine's arrays come next
     ops = built.ops
     if ops is not None:
         analysed = ~in_ranges(ops.step, warm)
@@ -133,8 +135,14 @@ def analyze_job(
         steps_seen=len(steps_analysed),
         recent=None,
     )
+    # The window's engine state (layout, replays: hundreds of MB at 4,096 ranks) is not needed
+    # past here; let it go before the recent stretch's engine run builds its own.
+    step_seconds = float(analysis.result.step_time.mean()) if analysis.result is not None else None
+    analysed_ok = analysis.result is not None
+    analysis.result = None
+    release_freed_memory()
     recent_from = _recent_from(times, settings.recent_seconds, settings.recent_min_steps)
-    if ops is not None and analysis.result is not None and recent_from is not None:
+    if ops is not None and analysed_ok and recent_from is not None:
         summary["recent"] = live.recent_stragglers(
             ops,
             recent_from,
@@ -155,7 +163,7 @@ def analyze_job(
         "rank_slowdown": analysis.rank_slowdown,
         "rank_overall": {str(k): v for k, v in analysis.rank_overall.items()},
         "trend": trend.buckets(analysis.steps, times),
-        "step_seconds": float(analysis.result.step_time.mean()) if analysis.result is not None else None,
+        "step_seconds": step_seconds,
         "top_workers": _top_workers(analysis.rank_overall, agents, settings.metrics_top_k),
         "phase_columns": phases.update(lo) if phases is not None else None,
     }
