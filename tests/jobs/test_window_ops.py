@@ -268,7 +268,7 @@ def test_skipped_steps_give_the_table_without_their_rows(
             job = session.get(Job, (job_id, 1))
             assert job is not None
             lo, hi = resolve_window(session=session, job=job, window=StepWindow(), default_last=WINDOW)
-            common = {"session": session, "job": job, "lo": lo, "hi": hi, "key": "k"}
+            common: dict[str, Any] = {"session": session, "job": job, "lo": lo, "hi": hi, "key": "k"}
             for cache_a, cache_b in ((kept_skipping, kept_whole), (None, None)):
                 got = window_ops(**common, cache=cache_a, skip=skip)
                 whole = window_ops(**common, cache=cache_b)
