@@ -90,6 +90,7 @@ def test_stored_phase_grids_equal_the_records_pass_after_pass(
     db: Database, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
     monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
+    monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
     settings: Settings = server_settings(db.url, analysis_window_steps=WINDOW, warmup_steps=3)
     monkeypatch.setattr(analysis, "_cache", WindowCache(256 * 1024 * 1024))
     job_id = f.new_job_id("phases")

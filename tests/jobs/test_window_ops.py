@@ -113,6 +113,7 @@ def test_incremental_passes_match_cold_passes(
     a 30-step window sliding through a straggler's onset and end: after every push, the pass on
     the kept table equals the pass from scratch."""
     monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
+    monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
     settings: Settings = server_settings(db.url, analysis_window_steps=WINDOW, warmup_steps=3)
     cache = WindowCache(256 * 1024 * 1024)
     monkeypatch.setattr(analysis, "_cache", cache)
@@ -195,6 +196,7 @@ def test_a_cold_build_in_chunks_matches_one_read_whole(db: Database, monkeypatch
     results = []
     for chunk in (10_000, 7, 3):
         monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
+        monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
         with db.session() as session:
             job = session.get(Job, (job_id, 1))
             assert job is not None
@@ -254,6 +256,7 @@ def test_skipped_steps_give_the_table_without_their_rows(
     and the same op types (the checkpoint of step 25, a skipped step, stays listed until step 25
     slides out of the window, and goes then)."""
     monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
+    monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
     skip = [(0, 3), (20, 30), (52, 55)]
     kept_skipping, kept_whole = WindowCache(256 << 20), WindowCache(256 << 20)
     job_id = f.new_job_id("skip")
