@@ -423,6 +423,11 @@ def main() -> None:
         help=f"git revision whose server runs the same passes as 'before' (default {BASELINE}: main "
         "before the cold-pass work); 'none' to skip",
     )
+    parser.add_argument(
+        "--baseline-path",
+        type=Path,
+        help="an extracted server/ tree to run as 'before' instead of --baseline",
+    )
     parser.add_argument("--pass-only", nargs=5, metavar="ARG", help=argparse.SUPPRESS)
     parser.add_argument("--many-only", nargs=6, metavar="ARG", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -435,7 +440,9 @@ def main() -> None:
         run_many(url, *(int(x) for x in numbers))
         return
     with tempfile.TemporaryDirectory(prefix="smon-baseline-") as tmp:
-        before = None if args.baseline == "none" else baseline_tree(args.baseline, Path(tmp))
+        before = args.baseline_path
+        if before is None and args.baseline != "none":
+            before = baseline_tree(args.baseline, Path(tmp))
         load = os.getloadavg()
         print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; baseline: {args.baseline}")
         print(
