@@ -37,15 +37,27 @@ async def analysis_loop(
     wake = wake or asyncio.Event()
     while not stop.is_set():
         wake.clear()
+        started = time.monotonic()
         try:
             await asyncio.to_thread(analysis_pass, context, time.time())
         except Exception:
             log.exception("analysis pass failed; retrying next interval")
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())]
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                waiters,
+                timeout=pause_after(interval, time.monotonic() - started),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         for waiter in waiters:
             waiter.cancel()
+
+
+def pause_after(interval: float, took: float) -> float:
+    """The wait before the next pass: passes start an interval apart, so a job is refreshed every
+    interval (a pass of 6 s then a full 10 s wait refreshed it every 16 s); a pass longer than
+    the interval is followed by the next at once (only jobs with news are analysed again)."""
+    return max(0.0, interval - took)
 
 
 def analysis_pass(context: ServerContext, now: float) -> int:
@@ -58,7 +70,14 @@ def analysis_pass(context: ServerContext, now: float) -> int:
         except Exception:
             log.exception("step record partitions / retention failed; retrying next pass")
     with context.db.session() as session:
-        jobs = [(str(j), int(a)) for j, a in session.execute(select(Job.job_id, Job.attempt))]
+        # Smallest first: a 4,096-rank job's pass (seconds) does not hold up the refresh of the
+        # small jobs queued behind it on the same worker.
+        jobs = [
+            (str(j), int(a))
+            for j, a, _ in sorted(
+                session.execute(select(Job.job_id, Job.attempt, Job.world_size)), key=lambda r: r[2] or 0
+            )
+        ]
 
     def one(job: tuple[str, int]) -> bool:
         job_id, attempt = job
