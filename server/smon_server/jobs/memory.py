@@ -6,6 +6,9 @@ below its mmap threshold, which rises to 32 MB as big blocks are freed, in the h
 top that is still in use pins everything below it: the process's RSS stays ~0.7 GB above what it
 holds, and the engine's arrays come on top of that. `malloc_trim` returns the free pages (it
 madvises them away wherever they are), so the peak is what the pass holds, not what it held.
+Trimming is not free: pages handed back are faulted in again by the next allocations, so the
+pass trims once, after the window build (the only place a cold pass frees a lot it will not
+reuse).
 """
 
 from __future__ import annotations
