@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +42,8 @@ from benchmarks.bench_db import fresh_database
 from smon_server.store import codec, migrate, partitions
 from smon_server.store.db import Database
 
+# The "before" of every figure: main before the cold-pass work (2026-11-25).
+BASELINE = "b59de44"
 KINDS = ("data_wait", "forward", "backward", "gc", "grad_sync", "optimizer")
 OLD_LAYOUT = """CREATE TABLE old_step_records (
   job_id varchar(256), rank int, step bigint, agent_id varchar(64), dp_rank int, pp_rank int,
@@ -126,20 +130,22 @@ def build(url: str, ranks: int, steps: int) -> tuple[float, float]:
     conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO jobs (job_id, world_size, dp_size, pp_size, tp_size, first_seen, last_seen, "
-            "last_step, last_step_seen, gpu_hours_wasted) VALUES ('bench', %s, %s, 1, 1, %s, %s, %s, %s, 0)",
+            "INSERT INTO jobs (job_id, attempt, world_size, dp_size, pp_size, tp_size, first_seen, "
+            "last_seen, last_step, last_step_seen, gpu_hours_wasted) "
+            "VALUES ('bench', 1, %s, %s, 1, 1, %s, %s, %s, %s, 0)",
             (ranks, ranks, origin, time.time(), steps - 1, time.time()),
         )
         with conn.cursor().copy(
-            "COPY agents (agent_id, job_id, rank, local_rank, host, gpu_uuid, dp_rank, pp_rank, tp_rank, "
-            "pid, agent_version, backend, clock_offset, first_seen, last_seen, dropped_records, errors, "
-            "final, first_step, hb_phase) FROM STDIN"
+            "COPY agents (agent_id, job_id, attempt, rank, local_rank, host, gpu_uuid, dp_rank, pp_rank, "
+            "tp_rank, pid, agent_version, backend, clock_offset, first_seen, last_seen, dropped_records, "
+            "errors, final, first_step, hb_phase) FROM STDIN"
         ) as copy:
             for r in range(ranks):
                 copy.write_row(
                     (
                         f"agent-{r + 1:032d}",
                         "bench",
+                        1,
                         r,
                         r % 8,
                         f"host-{r // 8}",
@@ -232,9 +238,12 @@ def _reset_peak() -> bool:
 
 def run_pass(url: str, ranks: int, steps: int, new_steps: int, cache_mb: int) -> None:
     """In a fresh process: a cold pass (nothing kept), then `new_steps` more steps are stored and
-    a second pass runs on the op table the first kept; prints seconds and peak RSS of each."""
+    a second pass runs on the op table the first kept; prints, for each, seconds and CPU seconds
+    of the analysis (this process: the window read's own thread included, PostgreSQL not), of
+    storing its phase columns, and the peak RSS."""
     from smon_server.jobs.analysis import analyze_job
     from smon_server.settings import Settings
+    from smon_server.store import phase_grids
     from smon_server.store.models import Job
 
     settings = Settings(database_url=url, analysis_cache_mb=cache_mb)
@@ -244,21 +253,56 @@ def run_pass(url: str, ranks: int, steps: int, new_steps: int, cache_mb: int) ->
         if name == "next":
             append_steps(url, ranks, steps, new_steps)
             figures["peak_reset"] = _reset_peak()
-        with db.session() as session:
-            job = session.get(Job, "bench")
+        with db.transaction() as session:
+            job = session.get(Job, ("bench", 1))
             assert job is not None
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             result = analyze_job(session=session, job=job, settings=settings, now=time.time())
-            seconds = time.perf_counter() - start
+            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+            stored = time.perf_counter()
+            if result.get("phase_columns") is not None:
+                phase_grids.write(session, job.key, result["phase_columns"])
+            session.flush()
         summary = result["summary"]
         figures[name] = {
             "seconds": seconds,
+            "cpu": cpu,
+            "store": time.perf_counter() - stored,
             "peak_bytes": _peak_bytes(),
             "slowdown": summary.get("slowdown"),
             "steps": summary.get("steps_seen"),
             "stragglers": len(summary.get("stragglers") or []),
         }
     print(json.dumps(figures))
+
+
+def reset(url: str, steps: int) -> None:
+    """Back to the job(s) as built: the steps a run appended and what its passes stored removed."""
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("DELETE FROM step_records WHERE step >= %s", (steps,))
+        conn.execute("UPDATE jobs SET last_step = %s", (steps - 1,))
+        for table in ("analysis_results", "job_trend", "phase_columns"):
+            conn.execute(f"DELETE FROM {table}")
+        conn.execute("VACUUM ANALYZE step_records")
+
+
+def baseline_tree(revision: str, into: Path) -> Path:
+    """The server package of `revision` (git archive), for the "before" runs: their PYTHONPATH."""
+    root = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", revision, "server"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "server"
+
+
+def _run(command: list[str], pythonpath: Path | None) -> dict:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def build_many(url: str, jobs: int, ranks: int, steps: int) -> None:
@@ -276,21 +320,21 @@ def build_many(url: str, jobs: int, ranks: int, steps: int) -> None:
         for j in range(1, jobs + 1):
             origin = now - 600 - j
             conn.execute(
-                "INSERT INTO jobs (key, job_id, world_size, dp_size, pp_size, tp_size, first_seen, "
+                "INSERT INTO jobs (key, job_id, attempt, world_size, dp_size, pp_size, tp_size, first_seen, "
                 "last_seen, last_step, last_step_seen, gpu_hours_wasted) "
-                "VALUES (%s, %s, %s, %s, 1, 1, %s, %s, %s, %s, 0)",
+                "VALUES (%s, %s, 1, %s, %s, 1, 1, %s, %s, %s, %s, 0)",
                 (j, f"bench-{j}", ranks, ranks, origin, now, steps - 1, now),
             )
             with conn.cursor().copy(
-                "COPY agents (key, agent_id, job_id, rank, local_rank, host, gpu_uuid, dp_rank, pp_rank, "
-                "tp_rank, pid, agent_version, backend, clock_offset, first_seen, last_seen, dropped_records, "
-                "errors, final, first_step, hb_phase) FROM STDIN"
+                "COPY agents (key, agent_id, job_id, attempt, rank, local_rank, host, gpu_uuid, dp_rank, "
+                "pp_rank, tp_rank, pid, agent_version, backend, clock_offset, first_seen, last_seen, "
+                "dropped_records, errors, final, first_step, hb_phase) FROM STDIN"
             ) as copy:
                 for r in range(ranks):
                     key = (j - 1) * ranks + r + 1
                     copy.write_row(
-                        (key, f"agent-{key:032d}", f"bench-{j}", r, r % 8, f"host-{j}-{r // 8}", "", r, 0, 0,
-                         1, "", "gloo", 0.0, origin, now, 0, 0, False, 0, "")
+                        (key, f"agent-{key:032d}", f"bench-{j}", 1, r, r % 8, f"host-{j}-{r // 8}", "", r,
+                         0, 0, 1, "", "gloo", 0.0, origin, now, 0, 0, False, 0, "")
                     )  # fmt: skip
             with conn.cursor().copy(COPY_STEPS) as copy:
                 for row in synthetic_job(ranks, steps, np.random.default_rng(j), origin, job_key=j):
@@ -318,36 +362,46 @@ def run_many(url: str, jobs: int, ranks: int, steps: int, new_steps: int, worker
             analysed = analysis_pass(context, time.time())
             figures[name] = {"seconds": time.perf_counter() - start, "analysed": analysed}
     finally:
-        context.close()
+        context.close()  # worker processes end: their CPU time is counted below
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    figures["cpu"] = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
     print(json.dumps(figures))
 
 
-def many_jobs(jobs: int, ranks: int, steps: int, new_steps: int, workers: list[int]) -> None:
+def many_jobs(
+    jobs: int, ranks: int, steps: int, new_steps: int, workers: list[int], before: Path | None
+) -> None:
     print(
         f"\n{jobs} jobs × {ranks} ranks × {steps} steps, the server's whole analysis pass "
-        f"(interval: 10 s); then each job stores {new_steps} more steps and the next pass runs"
+        f"(interval: 10 s); then each job stores {new_steps} more steps and the next pass runs. "
+        "CPU: both passes, server and worker processes."
     )
-    print(f"{'workers':>8} {'pass':>5} {'jobs':>5} {'s':>7} {'/10 s':>6}")
+    print(
+        f"{'workers':>8} {'pass':>5} {'jobs':>5} {'before s':>9} {'after s':>8} {'/10 s':>6} "
+        f"{'after/before':>12}"
+    )
     with fresh_database("smon_bench_many") as url:
         build_many(url, jobs, ranks, steps)
         for count in workers:
             command = [sys.executable, __file__, "--many-only", url, str(jobs), str(ranks), str(steps)]
             command += [str(new_steps), str(count)]
-            out = subprocess.run(command, capture_output=True, text=True, check=True)
-            figures = json.loads(out.stdout.strip().splitlines()[-1])
+            runs: dict[str, dict] = {}
+            for label, path in (("before", before), ("after", None)):
+                if label == "before" and before is None:
+                    continue
+                runs[label] = _run(command, path)
+                reset(url, steps)  # the next run starts from the same stored steps
+            after, old = runs["after"], runs.get("before")
             for name, label in (("cold", "cold"), ("next", f"+{new_steps}")):
-                one = figures[name]
+                one = after[name]
+                was = old[name]["seconds"] if old else float("nan")
                 print(
-                    f"{count if name == 'cold' else '':>8} {label:>5} {one['analysed']:>5} "
-                    f"{one['seconds']:>7.2f} {one['seconds'] / 10:>6.2f}",
+                    f"{count if name == 'cold' else '':>8} {label:>5} {one['analysed']:>5} {was:>9.2f} "
+                    f"{one['seconds']:>8.2f} {one['seconds'] / 10:>6.2f} {one['seconds'] / was:>12.2f}",
                     flush=True,
                 )
-            # The next worker count starts from the same stored steps.
-            conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-            with psycopg.connect(conninfo, autocommit=True) as conn:
-                conn.execute("DELETE FROM step_records WHERE step >= %s", (steps,))
-                conn.execute("DELETE FROM analysis_results")
-                conn.execute("DELETE FROM job_trend")
+            cpu_before = old["cpu"] if old else float("nan")
+            print(f"{'':>8} CPU s, both passes: before {cpu_before:.1f}, after {after['cpu']:.1f}")
 
 
 def main() -> None:
@@ -363,6 +417,17 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, nargs="+", default=[0, 1], help="SMON_ANALYSIS_WORKERS for the many-jobs pass"
     )
+    parser.add_argument(
+        "--baseline",
+        default=BASELINE,
+        help=f"git revision whose server runs the same passes as 'before' (default {BASELINE}: main "
+        "before the cold-pass work); 'none' to skip",
+    )
+    parser.add_argument(
+        "--baseline-path",
+        type=Path,
+        help="an extracted server/ tree to run as 'before' instead of --baseline",
+    )
     parser.add_argument("--pass-only", nargs=5, metavar="ARG", help=argparse.SUPPRESS)
     parser.add_argument("--many-only", nargs=6, metavar="ARG", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -374,35 +439,65 @@ def main() -> None:
         url, *numbers = args.many_only
         run_many(url, *(int(x) for x in numbers))
         return
-    print(
-        f"{'ranks':>6} {'records':>10} {'B/record':>9} {'old B/rec':>9} {'ratio':>6} {'pass':>5} "
-        f"{'s':>7} {'/10 s':>6} {'peak GB':>8} {'/2 GB':>6} {'S':>6} {'stragglers':>10}"
-    )
-    for ranks in args.ranks:
-        with fresh_database("smon_bench_pass") as url:
-            per_record, old_per_record = build(url, ranks, args.steps)
-            command = [sys.executable, __file__, "--pass-only", url, str(ranks), str(args.steps)]
-            command += [str(args.new_steps), str(args.cache_mb)]
-            out = subprocess.run(command, capture_output=True, text=True, check=True)
-        figures = json.loads(out.stdout.strip().splitlines()[-1])
-        for name, label in (("cold", "cold"), ("next", f"+{args.new_steps}")):
-            one = figures[name]
-            gb = one["peak_bytes"] / 1e9
-            head = (
-                f"{ranks:>6} {ranks * args.steps:>10} {per_record:>9.0f} {old_per_record:>9.0f} "
-                f"{per_record / old_per_record:>6.2f}"
-                if name == "cold"
-                else " " * 44
-            )
-            print(
-                f"{head} {label:>5} {one['seconds']:>7.2f} {one['seconds'] / 10:>6.2f} "
-                f"{gb:>8.2f} {gb / 2:>6.2f} {one['slowdown']:>6.3f} {one['stragglers']:>10}",
-                flush=True,
-            )
-        if not figures["peak_reset"]:
-            print("(peak RSS could not be reset: the second pass's peak includes the first's)")
-    if args.jobs:
-        many_jobs(args.jobs, args.job_ranks, args.steps, args.new_steps, args.workers)
+    with tempfile.TemporaryDirectory(prefix="smon-baseline-") as tmp:
+        before = args.baseline_path
+        if before is None and args.baseline != "none":
+            before = baseline_tree(args.baseline, Path(tmp))
+        load = os.getloadavg()
+        print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; baseline: {args.baseline}")
+        print(
+            f"{'ranks':>6} {'records':>10} {'B/record':>9} {'old B/rec':>9} {'pass':>5} "
+            f"{'before s':>9} {'cpu':>6} {'GB':>5} {'after s':>8} {'cpu':>6} {'GB':>5} {'store':>6} "
+            f"{'/10 s':>6} {'/2 GB':>6} {'cpu a/b':>7} {'S':>6} {'same S':>6} {'stragglers':>10}"
+        )
+        for ranks in args.ranks:
+            with fresh_database("smon_bench_pass") as url:
+                per_record, old_per_record = build(url, ranks, args.steps)
+                command = [sys.executable, __file__, "--pass-only", url, str(ranks), str(args.steps)]
+                command += [str(args.new_steps), str(args.cache_mb)]
+                runs: dict[str, dict] = {}
+                for label, path in (("before", before), ("after", None)):
+                    if label == "before" and before is None:
+                        continue
+                    try:
+                        runs[label] = _run(command, path)
+                    except subprocess.CalledProcessError as e:  # e.g. killed: out of memory
+                        print(f"{ranks:>6} {label}: the pass process failed ({e.returncode})", flush=True)
+                    reset(url, args.steps)
+            after, old = runs.get("after"), runs.get("before")
+            if after is None:
+                continue
+            for name, label in (("cold", "cold"), ("next", f"+{args.new_steps}")):
+                one, was = after[name], (old or {}).get(name)
+                gb = one["peak_bytes"] / 1e9
+                head = (
+                    f"{ranks:>6} {ranks * args.steps:>10} {per_record:>9.0f} {old_per_record:>9.0f}"
+                    if name == "cold"
+                    else " " * 37
+                )
+                before_cols = (
+                    f"{was['seconds']:>9.2f} {was['cpu']:>6.2f} {was['peak_bytes'] / 1e9:>5.2f}"
+                    if was
+                    else f"{'':>9} {'':>6} {'':>5}"
+                )
+                same = (
+                    ""
+                    if not was
+                    else ("yes" if was["slowdown"] == one["slowdown"] else f"{was['slowdown']:.6g}")
+                )
+                ratio = f"{one['cpu'] / was['cpu']:>7.2f}" if was else f"{'':>7}"
+                print(
+                    f"{head} {label:>5} {before_cols} {one['seconds']:>8.2f} {one['cpu']:>6.2f} {gb:>5.2f} "
+                    f"{one['store']:>6.2f} {one['seconds'] / 10:>6.2f} {gb / 2:>6.2f} {ratio} "
+                    f"{one['slowdown']:>6.3f} {same:>6} {one['stragglers']:>10}",
+                    flush=True,
+                )
+            if not after["peak_reset"]:
+                print("(peak RSS could not be reset: the second pass's peak includes the first's)")
+        if args.jobs:
+            many_jobs(args.jobs, args.job_ranks, args.steps, args.new_steps, args.workers, before)
+        load = os.getloadavg()
+        print(f"load average at end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
 if __name__ == "__main__":

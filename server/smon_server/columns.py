@@ -150,8 +150,11 @@ class StepColumns:
         record = self.span_record
         lo = np.clip(self.span_start, 0.0, self.duration[record])
         hi = np.clip(self.span_start + self.span_duration, 0.0, self.duration[record])
-        order = np.lexsort((lo, record))
-        record, lo, hi = record[order], lo[order], hi[order]
+        # Stored spans are in start order within their record (the agent times them in order):
+        # then the sort would be the identity, and it is most of this function's time.
+        if not _sorted_within(lo, record):
+            order = np.lexsort((lo, record))
+            record, lo, hi = record[order], lo[order], hi[order]
         # The furthest end reached by earlier spans of the same record: a span adds only what
         # lies beyond it.
         reach = segmented_running_max(hi, record)
@@ -240,6 +243,14 @@ def segmented_running_max(values: np.ndarray, segment: np.ndarray) -> np.ndarray
         idx = longest_first[:count] + k
         out[idx] = np.maximum(out[idx], out[idx - 1])
     return out
+
+
+def _sorted_within(values: np.ndarray, segment: np.ndarray) -> bool:
+    """Whether `values` never decrease within a run of equal, ascending `segment` values: a
+    stable sort by (segment, value) would leave them where they are."""
+    if values.size < 2:
+        return True
+    return bool(np.all((values[1:] >= values[:-1]) | (segment[1:] > segment[:-1])))
 
 
 def segment_starts(segment: np.ndarray) -> np.ndarray:

@@ -90,6 +90,7 @@ def test_stored_phase_grids_equal_the_records_pass_after_pass(
     db: Database, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
     monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
+    monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
     settings: Settings = server_settings(db.url, analysis_window_steps=WINDOW, warmup_steps=3)
     monkeypatch.setattr(analysis, "_cache", WindowCache(256 * 1024 * 1024))
     job_id = f.new_job_id("phases")
@@ -213,3 +214,40 @@ def test_a_job_never_analysed_is_served_from_its_records(db: Database) -> None:
             Grid(np.array([1, 2]), np.array([3, 4, 5]), direct(db, job_id, metric, 3, 5).values[1:3]),
             metric,
         )
+
+
+def test_binary_copy_stores_the_rows_row_by_row_stored(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows a pass writes (binary COPY on PostgreSQL) are byte for byte the rows the
+    row-by-row path made: every (metric, step), presence bits and float32 seconds; a second pass
+    rewrites from its newest kept step on and keeps the window's older rows."""
+    settings: Settings = server_settings(db.url, analysis_window_steps=WINDOW, warmup_steps=3)
+    job_id = f.new_job_id("binary")
+    origin = f.T0
+    expected: dict[tuple[int, int], tuple[bytes | None, bytes]] = {}
+    monkeypatch.setattr(analysis, "_cache", WindowCache(64 << 20))
+    for seq, count in enumerate((40, 6), start=1):
+        records, origin = _steps(0 if seq == 1 else 40, count, origin)
+        records[3] = records[3][:-1]  # rank 3's newest step in flight: that step is partial
+        batches = [f.batch(job_id, r, RANKS, seq=seq, steps=records[r]) for r in range(RANKS)]
+        write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
+        with db.transaction() as session:
+            job = session.get(Job, (job_id, 1))
+            assert job is not None
+            result = analysis.analyze_job(session=session, job=job, settings=settings, now=origin)
+            update = result["phase_columns"]
+            assert update is not None
+            written = phase_grids.write(session, job.key, update)
+            rows = phase_grids._rows(job.key, update)
+            assert written == len(rows)
+            low = update.rewrite_from if update.rewrite_from is not None else -(2**62)
+            expected = {k: v for k, v in expected.items() if update.keep_from <= k[1] < low}
+            expected.update({(m, step): (present, seconds) for _, m, step, present, seconds in rows})
+        with db.session() as session:
+            stored = {
+                (int(r.metric), int(r.step)): (
+                    None if r.present is None else bytes(r.present),
+                    bytes(r.seconds),
+                )
+                for r in session.query(PhaseColumn).filter(PhaseColumn.job_key == job.key)
+            }
+        assert stored == expected

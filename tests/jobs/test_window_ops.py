@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from smon.v1 import ingest_pb2 as pb
@@ -19,7 +20,9 @@ from smon_server.settings import Settings
 from smon_server.store import migrate
 from smon_server.store.db import Database
 from smon_server.store.models import Job
+from smon_server.store.queries import StepWindow, resolve_window
 from smon_server.store.writes import write_batches
+from smon_server.whatif.ops import OpTable
 from tests import factories as f
 from tests.conftest import server_settings
 
@@ -110,6 +113,7 @@ def test_incremental_passes_match_cold_passes(
     a 30-step window sliding through a straggler's onset and end: after every push, the pass on
     the kept table equals the pass from scratch."""
     monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
+    monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
     settings: Settings = server_settings(db.url, analysis_window_steps=WINDOW, warmup_steps=3)
     cache = WindowCache(256 * 1024 * 1024)
     monkeypatch.setattr(analysis, "_cache", cache)
@@ -192,6 +196,7 @@ def test_a_cold_build_in_chunks_matches_one_read_whole(db: Database, monkeypatch
     results = []
     for chunk in (10_000, 7, 3):
         monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
+        monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
         with db.session() as session:
             job = session.get(Job, (job_id, 1))
             assert job is not None
@@ -224,3 +229,58 @@ def test_a_kept_table_serves_only_its_own_database(tmp_path: Path, monkeypatch: 
         named.append([s["rank"] for s in summary["stragglers"]])
         database.dispose()
     assert named == [[1], [2]]
+
+
+def _rows_outside(ops: OpTable | None, skip: list[tuple[int, int]]) -> OpTable | None:
+    """What the pass did before window_ops took `skip`: the whole table, then a copy without them."""
+    if ops is None:
+        return None
+    outside = ~analysis.in_ranges(ops.step, skip)
+    return ops.take(outside) if outside.any() else None
+
+
+def _same_table(a: OpTable | None, b: OpTable | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.op_types == b.op_types and all(
+        np.array_equal(getattr(a, name), getattr(b, name), equal_nan=True) for name in OpTable.COLUMNS
+    )
+
+
+@pytest.mark.parametrize("chunk", [10_000, 4], ids=["cold-whole", "cold-in-chunks"])
+def test_skipped_steps_give_the_table_without_their_rows(
+    db: Database, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Steps left out as each piece is built (warm-up), pass after pass, kept or cold, give the
+    table the whole window gives with their rows taken out afterwards, to the bit: the same rows
+    and the same op types (the checkpoint of step 25, a skipped step, stays listed until step 25
+    slides out of the window, and goes then)."""
+    monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
+    monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
+    skip = [(0, 3), (20, 30), (52, 55)]
+    kept_skipping, kept_whole = WindowCache(256 << 20), WindowCache(256 << 20)
+    job_id = f.new_job_id("skip")
+    origin, step = f.T0, 0
+    checked = listed = 0
+    for seq, count in enumerate([5, 9, 2, 7, 8, 4, 6, 9, 9, 1, 5, 8], start=1):
+        records, origin = _steps(step, count, origin)
+        step += count
+        batches = [f.batch(job_id, r, RANKS, seq=seq, steps=records[r]) for r in range(RANKS)]
+        write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin + 1)
+        with db.session() as session:
+            job = session.get(Job, (job_id, 1))
+            assert job is not None
+            lo, hi = resolve_window(session=session, job=job, window=StepWindow(), default_last=WINDOW)
+            common: dict[str, Any] = {"session": session, "job": job, "lo": lo, "hi": hi, "key": "k"}
+            for cache_a, cache_b in ((kept_skipping, kept_whole), (None, None)):
+                got = window_ops(**common, cache=cache_a, skip=skip)
+                whole = window_ops(**common, cache=cache_b)
+                assert _same_table(got.ops, _rows_outside(whole.ops, skip)), f"after step {step - 1}"
+                assert got.times == whole.times
+                checked += 1
+            if any(s == 25 for s, _, _ in got.times):
+                assert got.ops is not None and "checkpoint" in got.ops.op_types
+                assert not (got.ops.step == 25).any()
+                listed += 1
+    assert checked == 24 and listed >= 2
+    assert got.ops is not None and "checkpoint" not in got.ops.op_types

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from smon_server.context import ServerContext
 from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.jobs import analysis as job_analysis
+from smon_server.jobs import workers as workers_module
 from smon_server.jobs.loop import analysis_pass
 from smon_server.store import migrate
 from smon_server.store.db import Database
@@ -130,3 +131,30 @@ def test_workers_leave_when_their_server_is_killed(database_url: str) -> None:
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, "analysis workers outlived their killed server"
+
+
+def test_big_jobs_have_a_worker_of_their_own(database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one worker for the small jobs, a big job goes to one more worker, so its long passes
+    do not hold up theirs; each job keeps its worker from pass to pass."""
+    monkeypatch.setattr(workers_module, "BIG_JOB_RANKS", 4)
+    ctx = ServerContext.from_settings(server_settings(database_url, analysis_workers=1))
+    migrate.upgrade(ctx.db)
+    try:
+        small = [f.new_job_id("small") for _ in range(2)]
+        big = f.new_job_id("big")
+        for job in small:
+            records = f.dp_job_steps(2, range(40), slow_rank=1, slow_forward=0.020, origin=f.T0)
+            batches = [f.batch(job, r, 2, steps=records[r]) for r in range(2)]
+            write_batches(ctx.db, [validate_batch(b, Limits()) for b in batches], now=NOW)
+        push(ctx.db, big, range(40))
+        assert analysis_pass(ctx, NOW) == 3
+        workers = ctx.workers
+        assert workers is not None and len(workers.pids) == 2
+        slots = {job: workers._slot(f"{job}", big=False) for job in [*small, big]}  # as assigned
+        assert slots[big] == 1 and slots[small[0]] == slots[small[1]] == 0
+        assert [s["rank"] for s in stored(ctx, big)["stragglers"]] == [2]
+        push(ctx.db, big, range(40, 50), seq=2, origin=f.T0 + 3, now=NOW + 5)
+        assert analysis_pass(ctx, NOW + 5) == 1
+        assert len(workers.pids) == 2 and stored(ctx, big)["to_step"] == 49
+    finally:
+        ctx.close()

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from smon_server.jobs import live, trend
 from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness, job_state
+from smon_server.jobs.memory import release_freed_memory
 from smon_server.jobs.window_ops import WindowCache, cache_key, window_ops
 from smon_server.settings import Settings
 from smon_server.store import grids, phase_grids, queries
@@ -90,11 +91,10 @@ def analyze_job(
         key=cache_key(str(session.get_bind().engine.url), job, agents, restarts),
         cache=process_cache(settings) if window is None else None,
         on_read=phases.add if phases is not None else None,
+        skip=warm,  # dropped chunk by chunk: a copy of the whole table without them is ~0.6 GB
     )
+    release_freed_memory()  # the chunks a cold build freed (~0.7 GB at 4,096 ranks) before the engine
     ops = built.ops
-    if ops is not None:
-        analysed = ~in_ranges(ops.step, warm)
-        ops = (ops if analysed.all() else ops.take(analysed)) if analysed.any() else None
     times = [t for t in built.times if not any(a <= t[0] < b for a, b in warm)] if ops is not None else []
     steps_analysed = [step for step, _, _ in times]
     window_start = min((t[1] for t in times), default=None)
@@ -133,8 +133,14 @@ def analyze_job(
         steps_seen=len(steps_analysed),
         recent=None,
     )
+    # The window's engine state (layout, replays: hundreds of MB at 4,096 ranks) is not needed
+    # past here; let it go before the recent stretch's engine run builds its own.
+    step_seconds = float(analysis.result.step_time.mean()) if analysis.result is not None else None
+    analysed_ok = analysis.result is not None
+    analysis.result = None  # not trimmed here: the recent run reuses the freed heap (trimming
+    # it cost ~0.5 CPU s of page faults for ~0.1 GB of peak)
     recent_from = _recent_from(times, settings.recent_seconds, settings.recent_min_steps)
-    if ops is not None and analysis.result is not None and recent_from is not None:
+    if ops is not None and analysed_ok and recent_from is not None:
         summary["recent"] = live.recent_stragglers(
             ops,
             recent_from,
@@ -155,7 +161,7 @@ def analyze_job(
         "rank_slowdown": analysis.rank_slowdown,
         "rank_overall": {str(k): v for k, v in analysis.rank_overall.items()},
         "trend": trend.buckets(analysis.steps, times),
-        "step_seconds": float(analysis.result.step_time.mean()) if analysis.result is not None else None,
+        "step_seconds": step_seconds,
         "top_workers": _top_workers(analysis.rank_overall, agents, settings.metrics_top_k),
         "phase_columns": phases.update(lo) if phases is not None else None,
     }
@@ -175,8 +181,8 @@ def process_cache(settings: Settings) -> WindowCache | None:
 
 
 def cache_bytes(settings: Settings) -> int:
-    """SMON_ANALYSIS_CACHE_MB, or a quarter of physical memory over the analysing processes (a
-    4,096-rank × 500-step window keeps about 0.8 GB)."""
+    """SMON_ANALYSIS_CACHE_MB, or a quarter of physical memory over the analysing processes, the
+    big jobs' own worker counted (a 4,096-rank × 500-step window keeps about 0.65 GB)."""
     from smon_server.jobs.workers import default_processes
 
     if settings.analysis_cache_mb is not None:
@@ -185,7 +191,7 @@ def cache_bytes(settings: Settings) -> int:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         memory = 8 << 30
-    return memory // 4 // max(1, default_processes(settings))
+    return memory // 4 // (max(1, default_processes(settings)) + 1)
 
 
 def _top_workers(overall: dict[int, float], agents: Sequence[Agent], k: int) -> list[dict[str, Any]]:

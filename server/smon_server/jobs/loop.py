@@ -21,6 +21,7 @@ from smon_server.alerts import outbox
 from smon_server.context import ServerContext
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import trend, waste
+from smon_server.jobs.workers import is_big
 from smon_server.store import attempts, partitions, phase_grids, queries
 from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AnalysisResult, Job
@@ -37,15 +38,27 @@ async def analysis_loop(
     wake = wake or asyncio.Event()
     while not stop.is_set():
         wake.clear()
+        started = time.monotonic()
         try:
             await asyncio.to_thread(analysis_pass, context, time.time())
         except Exception:
             log.exception("analysis pass failed; retrying next interval")
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())]
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait(waiters, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                waiters,
+                timeout=pause_after(interval, time.monotonic() - started),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         for waiter in waiters:
             waiter.cancel()
+
+
+def pause_after(interval: float, took: float) -> float:
+    """The wait before the next pass: passes start an interval apart, so a job is refreshed every
+    interval (a pass of 6 s then a full 10 s wait refreshed it every 16 s); a pass longer than
+    the interval is followed by the next at once (only jobs with news are analysed again)."""
+    return max(0.0, interval - took)
 
 
 def analysis_pass(context: ServerContext, now: float) -> int:
@@ -58,7 +71,13 @@ def analysis_pass(context: ServerContext, now: float) -> int:
         except Exception:
             log.exception("step record partitions / retention failed; retrying next pass")
     with context.db.session() as session:
-        jobs = [(str(j), int(a)) for j, a in session.execute(select(Job.job_id, Job.attempt))]
+        # Smallest first: a 4,096-rank job's pass (seconds) does not hold up the refresh of the
+        # small jobs queued behind it on the same worker.
+        listed = sorted(
+            session.execute(select(Job.job_id, Job.attempt, Job.world_size)), key=lambda r: r[2] or 0
+        )
+        jobs = [(str(j), int(a)) for j, a, _ in listed]
+        big = {(str(j), int(a)) for j, a, size in listed if is_big(size)}
 
     def one(job: tuple[str, int]) -> bool:
         job_id, attempt = job
@@ -71,10 +90,15 @@ def analysis_pass(context: ServerContext, now: float) -> int:
     workers = context.workers
     if workers is not None:
         workers.forget({attempts.name(*job) for job in jobs})
-    if workers is not None and workers.processes > 1 and len(jobs) > 1:
-        # One thread per worker process, each holding its job's lease while a process analyses it.
-        with ThreadPoolExecutor(workers.processes, thread_name_prefix="smon-analysis") as pool:
-            done = sum(pool.map(one, jobs))
+    lanes = 0 if workers is None else workers.processes + (1 if big and len(big) < len(jobs) else 0)
+    if workers is not None and lanes > 1 and len(jobs) > 1:
+        # One thread per worker process, each holding its job's lease while a process analyses
+        # it; the big jobs (a worker of their own) on a thread of their own, started first,
+        # beside the small ones.
+        with ThreadPoolExecutor(lanes, thread_name_prefix="smon-analysis") as pool:
+            big_lane = pool.submit(lambda: sum(one(job) for job in jobs if job in big)) if big else None
+            small = [job for job in jobs if job not in big] if big_lane is not None else jobs
+            done = sum(pool.map(one, small)) + (big_lane.result() if big_lane is not None else 0)
     else:
         done = sum(one(job) for job in jobs)
     try:
@@ -176,7 +200,7 @@ def analyse_one(
         ):
             return False
         if context.workers is not None:
-            analysed = context.workers.analyze(job_id, attempt, now)
+            analysed = context.workers.analyze(job_id, attempt, now, big=is_big(job.world_size))
             if analysed is None:
                 return False
             result = analysed

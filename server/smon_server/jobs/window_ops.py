@@ -58,11 +58,20 @@ class _Entry:
     last_seen: np.ndarray  # per worker, the newest step it reported
     through: int  # newest step in `ops`: every step up to it is settled
     times: np.ndarray  # [steps, 3]: step, first start, last end
+    # What the table would say had the skipped steps' ops been kept (so that trimming drops the
+    # op types a full table would drop): the steps that have ops, and per op type its newest
+    # step with an op (the minimum int64 for a type with none).
+    row_steps: np.ndarray
+    type_newest: np.ndarray
 
     @property
     def nbytes(self) -> int:
         columns = (getattr(self.ops, name) for name in OpTable.COLUMNS)
-        return sum(int(c.nbytes) for c in columns) + int(self.times.nbytes) + 16 * self.workers.size
+        return (
+            sum(int(c.nbytes) for c in columns)
+            + int(self.times.nbytes + self.row_steps.nbytes + self.type_newest.nbytes)
+            + 16 * self.workers.size
+        )
 
 
 class WindowCache:
@@ -105,21 +114,25 @@ def window_ops(
     key: Hashable,
     cache: WindowCache | None,
     on_read: OnRead | None = None,
+    skip: Sequence[tuple[int, int]] = (),
 ) -> WindowOps:
-    """The op table of the complete steps in [lo, hi] (from the cache where it can be).
-    `on_read` sees every batch of records read, so the pass can derive more from them without
-    reading them again (the phase heatmaps)."""
+    """The op table of the complete steps in [lo, hi] (from the cache where it can be), without
+    the ops of steps in the `skip` ranges ([a, b): warm-up steps, which the analysis leaves out;
+    each chunk drops them as it is built, rather than the whole table being copied without
+    them); its op types are those of the table with them. `skip` must be the same for every
+    pass under one `key`. `on_read` sees every batch of records read, so the pass can derive
+    more from them without reading them again (the phase heatmaps)."""
     entry = cache.get((job.job_id, job.attempt), key) if cache is not None else None
     behind = entry is not None and (lo is None or entry.through < lo - 1)
     if behind or (entry is not None and hi is not None and hi < entry.through):
         entry = None  # the window jumped past what is kept, or looks back before it
     if entry is not None:
-        entry = _extend(session, job, entry, hi, on_read)
+        entry = _extend(session, job, entry, hi, on_read, skip)
     if entry is not None and lo is not None and int(entry.last_seen.min()) < lo - 1:
         entry = None  # a worker left: the window's steps are complete without it
     incremental = entry is not None
     if entry is None:
-        entry = _cold(session, job, lo, hi, key, on_read)
+        entry = _cold(session, job, lo, hi, key, on_read, skip)
     if entry is None:
         return WindowOps(None, [], incremental=False)
     if lo is not None:
@@ -135,20 +148,31 @@ def window_ops(
 # 4,096-rank window decoded at once would take gigabytes, and on PostgreSQL the next chunk is read
 # (by the database, in another process) while this one is built.
 COLD_CHUNK_STEPS = 64
+# A window of at most this many records (world size × steps) is read in one query: chunking a
+# 64-rank × 500-step window cost eight queries and a join for nothing (0.24 -> 0.18 CPU s a cold
+# pass). Bigger ones are quicker in chunks too (a 512-rank window read whole: 1.7 -> 2.0 s).
+WHOLE_READ_RECORDS = 65_536
 
 
 def _cold(
-    session: Session, job: Job, lo: int | None, hi: int | None, key: Hashable, on_read: OnRead | None
+    session: Session,
+    job: Job,
+    lo: int | None,
+    hi: int | None,
+    key: Hashable,
+    on_read: OnRead | None,
+    skip: Sequence[tuple[int, int]],
 ) -> _Entry | None:
     # One step before the window: steps are cut at their last collective, and the window's
     # first step starts with the tail of the one before it (whatif/from_steps.py).
-    if lo is None or hi is None or hi - lo < 2 * COLD_CHUNK_STEPS:
+    small = lo is not None and hi is not None and max(job.world_size, 1) * (hi - lo + 2) <= WHOLE_READ_RECORDS
+    if lo is None or hi is None or hi - lo < 2 * COLD_CHUNK_STEPS or small:
         first = lo - 1 if lo is not None else None
         records = read_window(session=session, job=job, from_step=first, to_step=hi)
         if on_read is not None:
             on_read(records, first)
         workers, last_seen = _workers(records)
-        return _build(records, workers, last_seen, key, lo)
+        return _build(records, workers, last_seen, key, lo, skip)
     workers, last_seen = _window_workers(session, job, lo - 1, hi)
     if not workers.size:
         return None
@@ -161,7 +185,7 @@ def _cold(
         if carry is not None:
             records = StepColumns.concat([carry, records])
         if not pieces:
-            piece = _build(records, workers, last_seen, key, lo)
+            piece = _build(records, workers, last_seen, key, lo, skip)
         else:
             through = pieces[-1].through
             seen, _ = _workers(records)
@@ -171,21 +195,40 @@ def _cold(
                 whole = read_window(session=session, job=job, from_step=lo - 1, to_step=hi)
                 if on_read is not None:
                     on_read(whole, lo - 1)
-                return _build(whole, *_workers(whole), key, lo)
+                return _build(whole, *_workers(whole), key, lo, skip)
             newer = len(complete) and int(complete.step.max()) > through
-            piece = _build(complete, workers, last_seen, key, through + 1) if newer else None
+            piece = _build(complete, workers, last_seen, key, through + 1, skip) if newer else None
         if piece is not None:
             pieces.append(piece)
         carry = records if not pieces else records.take(records.step >= pieces[-1].through)
     if not pieces:
         return None
     times = np.concatenate([p.times for p in pieces])
+    row_steps = np.concatenate([p.row_steps for p in pieces])
+    newest = [(p.ops.op_types, p.type_newest) for p in pieces]
     parts = [(p.ops, p.labels) for p in pieces]
     last = replace(pieces[-1], ops=pieces[0].ops.take(np.zeros(0, dtype=np.int64)))
     piece = None
     pieces.clear()  # the parts list is the only reference left: join_tables lets go as it joins
     ops, labels = join_tables(parts)
-    return replace(last, ops=ops, labels=labels, times=times)
+    return replace(
+        last,
+        ops=ops,
+        labels=labels,
+        times=times,
+        row_steps=row_steps,
+        type_newest=_newest_by_type(ops, newest),
+    )
+
+
+def _newest_by_type(ops: OpTable, parts: list[tuple[tuple[str, ...], np.ndarray]]) -> np.ndarray:
+    """`type_newest` of a table joined from parts, from the parts' own."""
+    out = np.full(len(ops.op_types), np.iinfo(np.int64).min)
+    for op_types, newest in parts:
+        at = np.array([ops.op_types.index(name) for name in op_types], dtype=np.int64)
+        if at.size:
+            out[at] = np.maximum(out[at], newest)
+    return out
 
 
 def _read_chunks(session: Session, job: Job, bounds: list[tuple[int, int]]) -> Iterator[StepColumns]:
@@ -236,16 +279,21 @@ def _window_workers(session: Session, job: Job, lo: int, hi: int) -> tuple[np.nd
 
 
 def _extend(
-    session: Session, job: Job, entry: _Entry, hi: int | None, on_read: OnRead | None
+    session: Session,
+    job: Job,
+    entry: _Entry,
+    hi: int | None,
+    on_read: OnRead | None,
+    skip: Sequence[tuple[int, int]] = (),
 ) -> _Entry | None:
     """`entry` with the steps after its newest; None when its newest step's records are gone."""
     records = read_window(session=session, job=job, from_step=entry.through, to_step=hi)
     if on_read is not None:
         on_read(records, entry.through)
-    return _extend_with(entry, records)
+    return _extend_with(entry, records, skip)
 
 
-def _extend_with(entry: _Entry, records: StepColumns) -> _Entry | None:
+def _extend_with(entry: _Entry, records: StepColumns, skip: Sequence[tuple[int, int]] = ()) -> _Entry | None:
     """`entry` with the complete steps of `records` (which start at its newest step) after it."""
     workers, last_seen = _workers(records)
     if not np.isin(workers, entry.workers).all():
@@ -256,10 +304,11 @@ def _extend_with(entry: _Entry, records: StepColumns) -> _Entry | None:
         return None  # retention or a rewrite took the step the new ones continue from
     if int(complete.step.max()) == entry.through:
         return replace(entry, last_seen=last_seen)
-    new = _build(complete, entry.workers, last_seen, entry.key, entry.through + 1)
+    new = _build(complete, entry.workers, last_seen, entry.key, entry.through + 1, skip)
     if new is None:
         return replace(entry, last_seen=last_seen)
     ops, labels = merge_tables(entry.ops, entry.labels, new.ops, new.labels)
+    newest = [(entry.ops.op_types, entry.type_newest), (new.ops.op_types, new.type_newest)]
     return _Entry(
         key=entry.key,
         ops=ops,
@@ -268,21 +317,34 @@ def _extend_with(entry: _Entry, records: StepColumns) -> _Entry | None:
         last_seen=last_seen,
         through=new.through,
         times=np.concatenate([entry.times, new.times]),
+        row_steps=np.concatenate([entry.row_steps, new.row_steps]),
+        type_newest=_newest_by_type(ops, newest),
     )
 
 
 def _build(
-    records: StepColumns, workers: np.ndarray, last_seen: np.ndarray, key: Hashable, first: int | None
+    records: StepColumns,
+    workers: np.ndarray,
+    last_seen: np.ndarray,
+    key: Hashable,
+    first: int | None,
+    skip: Sequence[tuple[int, int]] = (),
 ) -> _Entry | None:
-    """Ops of the complete steps of `records` from `first` on (earlier ones lend their tail)."""
+    """Ops of the complete steps of `records` from `first` on (earlier ones lend their tail),
+    but those of steps in `skip`."""
     complete = complete_steps(records, workers.size)
     if not len(complete):
         return None
     ops, labels = build_labelled_op_table(complete)
     times = _step_times(complete)
+    keep = ops.step >= first if first is not None else np.ones(len(ops), dtype=bool)
     if first is not None:
-        ops = ops.take(ops.step >= first)
         times = times[times[:, 0] >= first]
+    row_steps, type_newest = _row_facts(ops, keep)
+    for a, b in skip:
+        keep &= (ops.step < a) | (ops.step >= b)
+    if not keep.all():
+        ops = ops.take(keep)
     return _Entry(
         key=key,
         ops=ops,
@@ -291,16 +353,43 @@ def _build(
         last_seen=last_seen,
         through=int(complete.step.max()),
         times=times,
+        row_steps=row_steps,
+        type_newest=type_newest,
     )
 
 
+def _row_facts(ops: OpTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of the `rows` of `ops`: the steps that have any (ascending), and per op type the newest
+    step with one (the minimum int64 where none)."""
+    types = len(ops.op_types)
+    newest = np.full(types, np.iinfo(np.int64).min)
+    step = ops.step[rows]
+    if not step.size:
+        return np.zeros(0, dtype=np.int64), newest
+    low = int(step.min())
+    span = int(step.max()) - low + 1
+    counts = np.bincount(ops.op_type[rows].astype(np.int64) * span + (step - low), minlength=types * span)
+    seen = counts.reshape(types, span) > 0
+    row_steps = np.flatnonzero(seen.any(axis=0)).astype(np.int64) + low
+    has = seen.any(axis=1)
+    newest[has] = span - 1 - np.argmax(seen[has, ::-1], axis=1) + low
+    return row_steps, newest
+
+
 def _trim(entry: _Entry, lo: int) -> _Entry:
-    if not len(entry.ops) or int(entry.ops.step.min()) >= lo:
+    """The entry without the steps before `lo`; op types left without ops are dropped, as a
+    table built over the remaining steps (warm-up ones included) would not have them."""
+    if not entry.row_steps.size or int(entry.row_steps[0]) >= lo:
         return entry
+    keep = entry.type_newest >= lo
+    rows = entry.ops.step >= lo
+    ops = entry.ops if rows.all() else entry.ops.take(rows)
     return replace(
         entry,
-        ops=drop_unused_types(entry.ops.take(entry.ops.step >= lo)),
+        ops=drop_unused_types(ops, keep),
         times=entry.times[entry.times[:, 0] >= lo],
+        row_steps=entry.row_steps[entry.row_steps >= lo],
+        type_newest=entry.type_newest[keep],
     )
 
 

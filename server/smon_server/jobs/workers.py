@@ -9,7 +9,10 @@ analysed in parallel, one per worker.
 
 Each job sticks to one worker (the one with the fewest jobs when it was first seen), because a
 worker keeps the jobs it analysed in memory between passes and reads only their new steps
-(jobs/window_ops.py). A worker that dies (out of memory on a huge job, killed) fails that job's
+(jobs/window_ops.py). Jobs of `BIG_JOB_RANKS` ranks or more go to one more worker of their own,
+started when the first such job is seen: a 4,096-rank job's pass takes seconds (its first after
+a server start about ten), and on a worker shared with small jobs it would hold up their refresh
+by that much every pass. A worker that dies (out of memory on a huge job, killed) fails that job's
 analysis, not the server: the worker is started again, with an empty cache, and the job is tried
 again at the next pass.
 """
@@ -76,22 +79,34 @@ def default_processes(settings: Settings) -> int:
     return max(1, (os.cpu_count() or 2) - 1)
 
 
+# Jobs this big (world size) are analysed on a worker of their own (see above).
+BIG_JOB_RANKS = 1024
+
+
+def is_big(world_size: int | None) -> bool:
+    return (world_size or 0) >= BIG_JOB_RANKS
+
+
 class AnalysisWorkers:
     def __init__(self, settings: Settings, processes: int) -> None:
         self.settings = settings
         self.processes = processes
         self.pids: set[int] = set()  # workers that returned a result (tests read it)
-        self._pools: list[ProcessPoolExecutor | None] = [None] * processes
+        # Slots 0..processes-1 for jobs below BIG_JOB_RANKS, slot `processes` for the big ones.
+        self._pools: list[ProcessPoolExecutor | None] = [None] * (processes + 1)
         self._owner: dict[str, int] = {}  # job attempt (attempts.name) -> the worker keeping its window
         self._lock = threading.Lock()
 
-    def _slot(self, job_id: str) -> int:
+    def _slot(self, job_id: str, big: bool) -> int:
         with self._lock:
             slot = self._owner.get(job_id)
+            if slot is None and big:
+                slot = self._owner[job_id] = self.processes
             if slot is None:
                 load = [0] * self.processes
                 for owner in self._owner.values():
-                    load[owner] += 1
+                    if owner < self.processes:
+                        load[owner] += 1
                 slot = self._owner[job_id] = load.index(min(load))
             return slot
 
@@ -107,8 +122,9 @@ class AnalysisWorkers:
                 )
             return pool
 
-    def analyze(self, job_id: str, attempt: int, now: float) -> dict[str, Any] | None:
-        slot = self._slot(attempts.name(job_id, attempt))
+    def analyze(self, job_id: str, attempt: int, now: float, *, big: bool = False) -> dict[str, Any] | None:
+        """The job attempt's analysis, in its worker (`big`: a job of BIG_JOB_RANKS or more)."""
+        slot = self._slot(attempts.name(job_id, attempt), big)
         pool = self._executor(slot)
         try:
             pid, result = pool.submit(_analyze, job_id, attempt, now).result()
@@ -130,7 +146,7 @@ class AnalysisWorkers:
 
     def close(self) -> None:
         with self._lock:
-            pools, self._pools = self._pools, [None] * self.processes
+            pools, self._pools = self._pools, [None] * (self.processes + 1)
         for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)

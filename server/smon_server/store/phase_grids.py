@@ -23,6 +23,7 @@ from sqlalchemy import delete, func, insert, literal, select
 from sqlalchemy.orm import Session, aliased
 
 from smon_server.columns import StepColumns
+from smon_server.store import copy_binary
 from smon_server.store.grids import Grid
 from smon_server.store.models import Job, PhaseColumn, SpanKind
 
@@ -136,23 +137,77 @@ def write(session: Session, job_key: int, update: Update) -> int:
     if update.keep_from is not None:
         gone = gone | (PhaseColumn.step < update.keep_from)
     session.execute(delete(PhaseColumn).where(where, gone))
+    if session.get_bind().dialect.name == "postgresql":
+        count, body = _binary_rows(job_key, update)
+        if count:
+            driver = session.connection().connection.driver_connection
+            with driver.cursor().copy(  # type: ignore[union-attr]
+                "COPY phase_columns (job_key, metric, step, present, seconds) FROM STDIN (FORMAT BINARY)"
+            ) as copy:
+                copy.write(copy_binary.HEADER + body + copy_binary.TRAILER)
+        return count
     rows = list(_rows(job_key, update))
-    if not rows:
-        return 0
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        driver = session.connection().connection.driver_connection
-        with driver.cursor().copy(  # type: ignore[union-attr]
-            "COPY phase_columns (job_key, metric, step, present, seconds) FROM STDIN"
-        ) as copy:
-            for r in rows:
-                copy.write_row(r)
-    else:
+    if rows:
         session.execute(
             insert(PhaseColumn),
             [dict(zip(("job_key", "metric", "step", "present", "seconds"), r, strict=True)) for r in rows],
         )
     return len(rows)
+
+
+def _binary_rows(job_key: int, update: Update) -> tuple[int, bytes]:
+    """The rows `_rows` makes, as binary COPY rows built a metric at a time: 500 steps × 8
+    metrics of a 4,096-rank window are 4,000 rows of 16 kB, which `write_row` adapted one value
+    at a time (~0.7 s a cold pass). Grouped by metric rather than by step; COPY does not care."""
+    count, out = 0, []
+    for part in update.parts:
+        keep = np.ones(part.steps.size, bool) if update.keep_from is None else part.steps >= update.keep_from
+        index = np.flatnonzero(keep)
+        ranks = part.present.shape[1]
+        if not index.size or not ranks:
+            continue
+        presence = np.packbits(part.present[index], axis=1)
+        out.append(
+            _copy_rows(job_key, STEP_TIME, part.steps[index], presence, part.metrics[STEP_TIME][index])
+        )
+        count += index.size
+        for code, grid in part.metrics.items():
+            if code == STEP_TIME:
+                continue
+            rows = index[~np.isnan(grid[index]).all(axis=1)]
+            if rows.size:
+                out.append(_copy_rows(job_key, code, part.steps[rows], None, grid[rows]))
+                count += rows.size
+    return count, b"".join(out)
+
+
+def _copy_rows(
+    job_key: int, metric: int, steps: np.ndarray, present: np.ndarray | None, seconds: np.ndarray
+) -> bytes:
+    """Binary COPY rows of one metric (store/copy_binary.py has the format)."""
+    width = seconds.shape[1] * 4
+    fields: list[tuple[str, str]] = [
+        ("fields", ">i2"), ("job_key_len", ">i4"), ("job_key", ">i4"), ("metric_len", ">i4"),
+        ("metric", ">i2"), ("step_len", ">i4"), ("step", ">i8"), ("present_len", ">i4"),
+    ]  # fmt: skip
+    if present is not None:
+        fields.append(("present", f"V{present.shape[1]}"))
+    fields += [("seconds_len", ">i4"), ("seconds", f"V{width}")]
+    rows = np.empty(steps.size, dtype=np.dtype(fields))
+    rows["fields"] = 5
+    rows["job_key_len"], rows["job_key"] = 4, job_key
+    rows["metric_len"], rows["metric"] = 2, metric
+    rows["step_len"], rows["step"] = 8, steps
+    if present is None:
+        rows["present_len"] = -1
+    else:
+        rows["present_len"] = present.shape[1]
+        rows["present"] = (
+            np.ascontiguousarray(present, dtype=np.uint8).view(f"V{present.shape[1]}").reshape(-1)
+        )
+    rows["seconds_len"] = width
+    rows["seconds"] = np.ascontiguousarray(seconds, dtype="<f4").view(f"V{width}").reshape(-1)
+    return rows.tobytes()
 
 
 Row = tuple[int, int, int, bytes | None, bytes]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from smon_server.columns import StepColumns
@@ -41,15 +41,18 @@ _HEADER = np.dtype(
 # Ranks per query: keeps each concatenated string far below PostgreSQL's 1 GB value limit.
 RANKS_PER_QUERY = 1024
 
-_PG_WINDOW = text(
+# Fetched in binary (psycopg `binary=True`): the text protocol sends bytea as hex, which doubles
+# the bytes and costs the client a hex decode (0.03 vs 0.005 CPU s per query of 1,024 ranks × 64
+# steps, 32 queries a cold 4,096-rank window).
+_PG_WINDOW = (
     "SELECT string_agg(int4send(rank) || int8send(step) || float8send(start_time)"
     " || float4send(duration) || int4send(agent_key) || int2send(gc_count) || float4send(gc_seconds)"
     " || int4send(length(spans)) || int4send(coalesce(length(seq_total), 0))"
     " || int4send(coalesce(length(seq_microbatches), 0)), ''::bytea),"
     " string_agg(spans, ''::bytea), string_agg(seq_total, ''::bytea),"
     " string_agg(seq_microbatches, ''::bytea)"
-    " FROM step_records WHERE job_key = :job AND step >= :lo AND step <= :hi"
-    " AND rank >= :rank_lo AND rank < :rank_hi"
+    " FROM step_records WHERE job_key = %(job)s AND step >= %(lo)s AND step <= %(hi)s"
+    " AND rank >= %(rank_lo)s AND rank < %(rank_hi)s"
 )
 
 
@@ -99,7 +102,10 @@ def read_window(
 
 def _read_pg(session: Session, job_key: int, lo: int, hi: int, rank_lo: int, rank_hi: int) -> _Raw:
     params = {"job": job_key, "lo": lo, "hi": hi, "rank_lo": rank_lo, "rank_hi": rank_hi}
-    header, spans, seq_total, seq_mb = session.execute(_PG_WINDOW, params).one()
+    driver = session.connection().connection.driver_connection
+    with driver.cursor(binary=True) as cursor:  # type: ignore[union-attr]
+        cursor.execute(_PG_WINDOW, params)
+        header, spans, seq_total, seq_mb = cursor.fetchone()
     return _Raw(
         header=np.frombuffer(header or b"", dtype=_HEADER),
         spans=bytes(spans or b""),

@@ -60,10 +60,20 @@ def complete_steps(cols: StepColumns, workers: int | None = None) -> StepColumns
         return cols
     worker = _worker_ids(cols)
     workers = workers or int(worker.max()) + 1
-    steps, step_index = np.unique(cols.step, return_inverse=True)
-    pairs = np.unique(step_index.astype(np.int64) * workers + worker)  # (step, worker) seen
-    per_step = np.bincount(pairs // workers, minlength=steps.size)
-    return cols.take(per_step[step_index] == workers)
+    first, last = int(cols.step.min()), int(cols.step.max())
+    if (last - first + 1) * workers <= 4 * len(cols) + 4096:
+        # A window's steps are (nearly) contiguous: mark (step, worker) seen in a dense grid
+        # rather than sorting the pairs.
+        step_index = cols.step - first
+        seen = np.zeros((last - first + 1, max(workers, int(worker.max()) + 1)), dtype=bool)
+        seen[step_index, worker] = True
+        per_step = np.count_nonzero(seen, axis=1)
+    else:
+        steps, step_index = np.unique(cols.step, return_inverse=True)
+        pairs = np.unique(step_index.astype(np.int64) * workers + worker)  # (step, worker) seen
+        per_step = np.bincount(pairs // workers, minlength=steps.size)
+    keep = per_step[step_index] == workers
+    return cols if keep.all() else cols.take(keep)
 
 
 def build_op_table(cols: StepColumns) -> OpTable:

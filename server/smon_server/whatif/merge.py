@@ -67,11 +67,15 @@ def join_tables(parts: list[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostL
     return OpTable(op_types=tuple(op_types), ends_at_last_op=ends_at_last_op, **joined), labels
 
 
-def drop_unused_types(table: OpTable) -> OpTable:
+def drop_unused_types(table: OpTable, keep: np.ndarray | None = None) -> OpTable:
     """The table without op types none of its rows has (they fell out of a sliding window): a
-    table built over the same rows would not list them."""
-    counts = np.bincount(table.op_type, minlength=len(table.op_types)) if len(table) else np.zeros(0)
-    used = np.flatnonzero(counts[: len(table.op_types)])
+    table built over the same rows would not list them. `keep` (a mask over op_types) says which
+    types to keep instead, when the table lacks rows that count (warm-up steps left out)."""
+    if keep is not None:
+        used = np.flatnonzero(keep)
+    else:
+        counts = np.bincount(table.op_type, minlength=len(table.op_types)) if len(table) else np.zeros(0)
+        used = np.flatnonzero(counts[: len(table.op_types)])
     if used.size == len(table.op_types):
         return table
     renumber = np.full(len(table.op_types), -1, dtype=np.int16)

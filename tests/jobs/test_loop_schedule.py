@@ -1,0 +1,54 @@
+"""The analysis loop's schedule: passes an interval apart from start to start, and within a pass
+the smaller jobs first, so a big job's seconds-long analysis does not hold up the small ones."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from smon_server.context import ServerContext
+from smon_server.ingest.validate import Limits, validate_batch
+from smon_server.jobs import loop
+from smon_server.jobs.loop import analysis_pass, pause_after
+from smon_server.store import migrate
+from smon_server.store.writes import write_batches
+from tests import factories as f
+from tests.conftest import server_settings
+
+
+def test_passes_start_an_interval_apart() -> None:
+    assert pause_after(10.0, 0.5) == pytest.approx(9.5)
+    assert pause_after(10.0, 6.0) == pytest.approx(4.0)
+    assert pause_after(10.0, 14.0) == 0.0  # a pass longer than the interval: the next at once
+
+
+@pytest.fixture
+def context(database_url: str) -> Iterator[ServerContext]:
+    ctx = ServerContext.from_settings(server_settings(database_url, analysis_workers=0))
+    migrate.upgrade(ctx.db)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
+def test_a_pass_analyses_the_smaller_jobs_first(
+    context: ServerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes = {"big": 16, "small": 2, "middle": 8, "tiny": 1}
+    names = {}
+    for name, ranks in sizes.items():
+        job = names[name] = f.new_job_id(name)
+        records = f.dp_job_steps(ranks, range(3), origin=f.T0)
+        batches = [f.batch(job, r, ranks, steps=records[r]) for r in range(ranks)]
+        write_batches(context.db, [validate_batch(b, Limits()) for b in batches], now=f.T0 + 1)
+    order: list[str] = []
+
+    def record(ctx: ServerContext, job_id: str, now: float, *, attempt: int | None = None) -> bool:
+        order.append(job_id)
+        return True
+
+    monkeypatch.setattr(loop, "analyse_one", record)
+    assert analysis_pass(context, f.T0 + 2) == 4
+    assert order == [names[n] for n in ("tiny", "small", "middle", "big")]
