@@ -1,7 +1,8 @@
 """The training process's side of shipping: one daemon thread, `smon-feeder`.
 
-It drains the record queue every `feed_interval` (sooner when a full batch is queued), turns
-RawSteps into wire `StepRecord`s (`records.py`; CUDA steps wait here until their events have
+It collects the steps the training thread has ended (`StepTracker.collect`: raw tuples into
+RawSteps) into the record queue, drains that every `feed_interval` (sooner when a full batch is
+waiting), turns RawSteps into wire `StepRecord`s (`records.py`; CUDA steps wait here until their events have
 completed), and hands the outlet an envelope: a `Batch` carrying the records, the current
 heartbeat and the training side's counters. With nothing to hand over it still sends the
 heartbeat every half heartbeat interval, so the shipper always has a fresh one.
@@ -23,6 +24,10 @@ from smon.steps import RawStep
 from smon.v1 import ingest_pb2 as pb
 
 
+def _none() -> int:
+    return 0
+
+
 class Feeder:
     def __init__(
         self,
@@ -33,6 +38,8 @@ class Feeder:
         outlet: Outlet,
         *,
         outlet_factory: Callable[[], Outlet] | None = None,
+        collect: Callable[[], None] | None = None,
+        backlog: Callable[[], int] | None = None,
     ) -> None:
         self._config = config
         self._records = records
@@ -40,6 +47,8 @@ class Feeder:
         self._errors = errors
         self.outlet = outlet
         self._outlet_factory = outlet_factory  # to replace a shipper process that died
+        self._collect = collect  # moves ended steps into `records`
+        self._backlog = backlog or _none  # ended steps not collected yet
         self._outlet_started = time.monotonic()
         self.lost = 0  # records handed to an outlet that was gone
         self.restart_interval = 30.0  # at most one new shipper process per this many seconds
@@ -74,7 +83,7 @@ class Feeder:
             self._thread.join(timeout=1.0)
         try:
             self.feed(force=True)  # at least once: the last heartbeat
-            while len(self._records) or self._pending:
+            while len(self._records) or self._backlog() or self._pending:
                 self.feed(force=True)
         except Exception as exc:
             self._errors.report("feeder", exc)
@@ -84,13 +93,18 @@ class Feeder:
         last_sent = 0.0
         heartbeat_every = max(0.01, self._config.heartbeat_interval / 2)
         while not self._stop.is_set():
-            if len(self._records) < self._config.max_batch_records:  # else go straight on
+            if len(self._records) + self._backlog() < self._config.max_batch_records:  # else go on
                 self._kick.wait(self.feed_interval)
                 self._kick.clear()
             if self._stop.is_set():
                 break
             try:
-                if len(self._records) or self._pending or time.monotonic() - last_sent >= heartbeat_every:
+                if (
+                    len(self._records)
+                    or self._backlog()
+                    or self._pending
+                    or time.monotonic() - last_sent >= heartbeat_every
+                ):
                     self.feed(force=False)
                     last_sent = time.monotonic()
             except Exception as exc:
@@ -99,6 +113,11 @@ class Feeder:
     def feed(self, *, force: bool) -> None:
         """One envelope: up to a batch of records, the heartbeat, the counters."""
         with self._lock:
+            if self._collect is not None:
+                try:
+                    self._collect()
+                except Exception as exc:
+                    self._errors.report("collect", exc)
             cfg = self._config
             items: list[Any] = self._pending
             self._pending = []
@@ -130,7 +149,7 @@ class Feeder:
                 pb.AgentCounters(
                     dropped_records=self._records.dropped + self.lost,
                     errors=self._errors.count,
-                    queued=len(self._records) + len(self._pending),
+                    queued=len(self._records) + self._backlog() + len(self._pending),
                 )
             )
             if self._gpu_uuid:

@@ -1,8 +1,10 @@
 """Forward / backward / gradient-sync timing on a root module and step boundaries from an optimizer.
 
-- forward: a forward pre-hook and a forward hook on the *root* module (one call = one
-  micro-batch; the index is `Span.microbatch`). Forwards with the module in eval mode or with
-  grad disabled are recorded as `eval` (they are not training compute).
+- forward: the *root* module's `forward`, timed by swapping the instance's class for a timed
+  subclass (timed_forward.py: no module hooks, so torch's `_call_impl` keeps its fast path);
+  a forward pre-hook and forward hook where that cannot be done. One call = one micro-batch (the
+  index is `Span.microbatch`). Forwards with the module in eval mode or with grad disabled are
+  recorded as `eval` (they are not training compute).
 - backward start: a gradient hook on the forward output, which fires when the gradient w.r.t. that
   output is computed, i.e. right at the start of that micro-batch's backward.
 - backward end: a callback queued on the autograd engine from that hook. The engine runs its final
@@ -29,6 +31,7 @@ from smon.ddp import is_ddp, syncs_gradients
 from smon.errors import ErrorCounter
 from smon.seqstats import lengths_from_forward_kwargs
 from smon.steps import StepTracker
+from smon.timed_forward import restore, time_forward
 from smon.timing import Mark
 
 if TYPE_CHECKING:
@@ -100,20 +103,27 @@ class ModelHooks:
             getattr(torch.autograd.Variable, "_execution_engine", None), "queue_callback", None
         )
         self._handles: list[Any] = []
+        self._original_class: type | None = None  # set while the module's class is swapped
 
     def install(self) -> None:
-        self._handles = [
-            self.module.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True),
-            self.module.register_forward_hook(self._on_forward),
-        ]
+        self._original_class = time_forward(self.module, self)
+        if self._original_class is None:
+            self._handles = [
+                self.module.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True),
+                self.module.register_forward_hook(self._on_forward),
+            ]
 
     def remove(self) -> None:
+        if self._original_class is not None:
+            restore(self.module, self._original_class, self)
+            self._original_class = None
         for handle in self._handles:
             handle.remove()
         self._handles = []
 
-    # -- hooks ------------------------------------------------------------------------------
-    def _on_forward_pre(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+    # -- forward (called by the timed class's forward, or by the hooks below) -----------------
+    def begin(self, module: Any, kwargs: dict[str, Any]) -> tuple[str, Mark, int | None] | None:
+        """A forward starts: (kind, start mark, micro-batch), or None when not timing."""
         tracker = self._tracker
         if not tracker.active:
             return None
@@ -124,33 +134,54 @@ class ModelHooks:
             else:
                 microbatch, kind = None, "eval"
             start = tracker.open(kind)
-            forwards = self._forwards
-            if len(forwards) >= _MAX_NESTED_FORWARDS:
-                forwards.clear()
-            forwards.append((kind, start, microbatch))
             if kwargs and microbatch is not None:
                 lengths = lengths_from_forward_kwargs(kwargs)
                 if lengths is not None:
                     tracker.add_seq(lengths, microbatch, explicit=False)
+            return kind, start, microbatch
         except Exception as exc:
             self._errors.report("forward_pre_hook", exc)
-        return None
-
-    def _on_forward(self, module: Any, args: Any, output: Any) -> None:
-        tracker = self._tracker
-        if not tracker.active or not self._forwards:
             return None
+
+    def end(self, began: tuple[str, Mark, int | None], output: Any) -> None:
+        """The forward returned `output`: close its span and hook the start of its backward."""
+        tracker = self._tracker
         try:
-            kind, start, microbatch = self._forwards.pop()
+            kind, start, microbatch = began
+            if not tracker.active:
+                tracker.discard(start)
+                return
             tracker.close(kind, start, microbatch, self.chunk)
             tracker._forward_open = None  # end_forward(), without the call
             if kind == "forward" and self._queue_callback is not None:
                 tensor = first_grad_tensor(output)
                 if tensor is not None:
-                    sync = self._ddp and syncs_gradients(module)
+                    sync = self._ddp and syncs_gradients(self.module)
                     add_grad_hook(tensor, partial(self._on_output_grad, microbatch, sync), self._tensor_type)
         except Exception as exc:
             self._errors.report("forward_hook", exc)
+
+    def abandon(self, began: tuple[str, Mark, int | None]) -> None:
+        """The forward raised: no span."""
+        try:
+            self._tracker.discard(began[1])
+            self._tracker._forward_open = None
+        except Exception as exc:
+            self._errors.report("forward_hook", exc)
+
+    # -- hooks (modules whose class cannot be swapped) ------------------------------------------
+    def _on_forward_pre(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        began = self.begin(module, kwargs)
+        if began is not None:
+            forwards = self._forwards
+            if len(forwards) >= _MAX_NESTED_FORWARDS:
+                forwards.clear()
+            forwards.append(began)
+        return None
+
+    def _on_forward(self, module: Any, args: Any, output: Any) -> None:
+        if self._forwards:
+            self.end(self._forwards.pop(), output)
         return None
 
     def _on_output_grad(self, microbatch: int | None, sync: bool, grad: Any) -> None:

@@ -146,10 +146,12 @@ class ActiveMonitor(Monitor):
         )
         self.tracker = StepTracker(
             clock,
-            self._records.put,
             start_step=start_step,
+            capacity=config.queue_size,
             gc_drain=self._gc.drain,
             on_overflow=self._on_span_overflow,
+            on_backlog=self._kick_feeder,
+            backlog=config.max_batch_records,
         )
         self.feeder: Feeder | None = None  # created by start(): it starts the shipper process
         self._sampler: GpuSampler | None = None
@@ -218,6 +220,8 @@ class ActiveMonitor(Monitor):
             self.errors,
             self._new_outlet(),
             outlet_factory=self._new_outlet,
+            collect=self._collect_steps,
+            backlog=self._steps_waiting,
         )
         self.feeder.start()
         if self._sampler is not None:
@@ -225,6 +229,18 @@ class ActiveMonitor(Monitor):
 
     def _new_outlet(self) -> Any:
         return start_outlet(self.config, self._coords)
+
+    def _collect_steps(self) -> None:
+        """Feeder thread: ended steps into the record queue (and steps the tracker dropped counted)."""
+        tracker = self.tracker
+        dropped = tracker.dropped
+        for raw in tracker.collect():
+            self._records.put(raw)
+        if tracker.dropped != dropped:
+            self._records.count_dropped(tracker.dropped - dropped)
+
+    def _steps_waiting(self) -> int:
+        return len(self.tracker.ended)
 
     def _kick_feeder(self) -> None:
         if self.feeder is not None:
@@ -287,10 +303,14 @@ class ActiveMonitor(Monitor):
         shipping = feeder.outlet.status() if feeder is not None else {}
         return {
             "dropped_records": self._records.dropped
+            + self.tracker.uncollected_drops()
             + (feeder.lost if feeder else 0)
             + int(shipping.get("dropped", 0)),
             "errors": self.errors.count + int(shipping.get("errors", 0)),
-            "queued": len(self._records) + (feeder.pending if feeder else 0) + int(shipping.get("queued", 0)),
+            "queued": len(self._records)
+            + len(self.tracker.ended)
+            + (feeder.pending if feeder else 0)
+            + int(shipping.get("queued", 0)),
             "resent_batches": int(shipping.get("resent", 0)),
             "sent_batches": int(shipping.get("sent", 0)),
             "acked_batches": int(shipping.get("acked", 0)),

@@ -32,6 +32,11 @@ class RecordQueue:
         if self._on_threshold is not None and self._threshold and size % self._threshold == 0:
             self._on_threshold()  # a full batch is waiting: wake the shipper early
 
+    def count_dropped(self, n: int) -> None:
+        """Count records dropped before they reached this queue."""
+        with self._lock:
+            self.dropped += n
+
     def put_front(self, items: list[Any]) -> None:
         """Return records the shipper took but could not use yet (kept ahead of newer ones)."""
         with self._lock:

@@ -1,15 +1,18 @@
 """The step in progress: its number, open phases and finished spans, cut into a RawStep at step end.
 
 Everything here runs on the training thread (or autograd engine threads), so it only stores marks
-and small tuples; turning them into a `StepRecord` happens on the feeder thread (`records.py`).
-Phases open and close without a lock (see `open`); a reentrant lock guards the step swap and the
-heartbeat, which the feeder thread reads.
+and small tuples. A step's end is one `deque.append` of a tuple of what the step holds; the feeder
+thread turns those tuples into `RawStep`s (`collect`: wall-clock anchor, GC pauses, drops), and
+then into wire `StepRecord`s (`records.py`). No lock on the training thread: the training thread
+is the only writer of the step state; autograd threads only append spans, and the feeder only
+reads numbers and pops whole tuples.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,13 +31,21 @@ MAX_SPANS_PER_STEP = 4000
 MAX_SEQ_SAMPLES_PER_STEP = 4000
 
 
+_MAX_PENDING_PAUSES = 4096  # GC pauses not yet placed in a step (a loop that stopped ending steps)
+_ANCHOR_SLACK = 1e-3  # re-anchor wall time only when the system clock moved by more than this
+
+# What the training thread hands over at each step end:
+# (sequence number, step, start mark, end mark, spans, sequence samples)
+EndedStep = tuple[int, int, Mark, Mark, list[RawSpan], list[SeqSample]]
+
+
 @dataclass(slots=True)
 class RawStep:
     """A finished step as the hooks saw it: marks not yet turned into seconds."""
 
     step: int
     clock: Clock
-    wall_anchor: float  # time.time() - perf_counter() when the step started: host mark -> Unix time
+    wall_anchor: float  # time.time() - perf_counter(): host mark -> Unix time
     start: Mark
     end: Mark
     spans: list[RawSpan]
@@ -43,42 +54,66 @@ class RawStep:
     ended_at: float = 0.0  # perf_counter at step end (for the CUDA read-back timeout)
 
 
+def _nothing() -> None:
+    pass
+
+
+def wall_anchor() -> float | None:
+    """`time.time() - perf_counter()`, or None if this thread was preempted between the readings."""
+    before = time.perf_counter()
+    wall = time.time()
+    after = time.perf_counter()
+    if after - before > 1e-4:
+        return None
+    return wall - (before + after) / 2
+
+
 class StepTracker:
-    """Collects the spans of the step in progress and emits a RawStep when the step ends."""
+    """Collects the spans of the step in progress; `collect` hands finished steps to the feeder."""
 
     def __init__(
         self,
         clock: Clock,
-        sink: Callable[[RawStep], None],
         *,
         start_step: int = 0,
+        capacity: int = 10_000,
         gc_drain: Callable[[], list[tuple[float, float]]] | None = None,
         on_overflow: Callable[[int], None] | None = None,
+        on_backlog: Callable[[], None] | None = None,
+        backlog: int = 0,
     ) -> None:
         self.clock = clock
         self._mark = clock.mark
         self.active = True
-        self._sink = sink
         self._gc_drain = gc_drain
         self._on_overflow = on_overflow  # told once per step that hits a cap
-        self._lock = threading.RLock()
         self.step = start_step  # number of the step in progress
         self.last_step = start_step - 1
         self._attach_mark: Mark = clock.mark()
         self._start: Mark | None = None  # set by the first activity of step `start_step`
-        self._anchor = time.time() - time.perf_counter()
         self._spans: list[RawSpan] = []
         self._seq: list[SeqSample] = []
         self._open: list[tuple[str, Mark]] = []
         self._forwards: dict[int, int] = {}  # model chunk -> forwards started this step
         self._forward_open: int | None = None  # micro-batch of the forward in progress, if any
         self._overflowed = False  # this step hit MAX_SPANS_PER_STEP
+        # Ended steps wait here for the feeder; when it falls behind, the oldest are dropped.
+        self.ended: deque[EndedStep] = deque(maxlen=max(1, capacity))
+        self._ended_count = 0
+        self._on_backlog = on_backlog or _nothing  # called once when `backlog` steps are waiting
+        self._backlog = backlog if on_backlog is not None else -1
+        # Feeder side (the lock is never taken on the training thread)
+        self._collect_lock = threading.Lock()
+        self.dropped = 0  # ended steps the feeder never saw (the deque was full)
+        self._collected = 0  # sequence number of the last step collected
+        self._anchor = wall_anchor() or time.time() - time.perf_counter()
+        self._pauses: list[tuple[float, float]] = []  # GC pauses after the last collected step
 
     # -- phases -----------------------------------------------------------------------------
     # open / close run on the training thread several times per step, so they take no lock: a
-    # list append or pop is atomic under the GIL, and the only other writers (end_step, add_seq,
-    # set_step) swap whole lists under `_lock`. A span closed on another thread during end_step's
-    # swap lands in the step just cut, which is where it ended anyway.
+    # list append or pop is atomic under the GIL, and end_step swaps whole lists. A span closed
+    # on another thread during end_step's swap lands in the step just cut, which is where it
+    # ended anyway.
     def open(self, kind: str, mark: Mark | None = None) -> Mark:
         """Mark the start of a phase (now, or at `mark`); it shows in heartbeats until closed."""
         if mark is None:
@@ -138,59 +173,96 @@ class StepTracker:
         return self._forwards.get(0, 0)
 
     def add_seq(self, lengths: Any, microbatch: int | None, *, explicit: bool) -> None:
-        with self._lock:
-            if self._start is None:
-                self._start = self.clock.mark()
-            mb = self.current_microbatch() if microbatch is None else microbatch
-            if len(self._seq) < MAX_SEQ_SAMPLES_PER_STEP:
-                self._seq.append(SeqSample(mb, lengths, explicit))
+        if self._start is None:
+            self._start = self._mark()
+        mb = self.current_microbatch() if microbatch is None else microbatch
+        if len(self._seq) < MAX_SEQ_SAMPLES_PER_STEP:
+            self._seq.append(SeqSample(mb, lengths, explicit))
 
     # -- step boundaries --------------------------------------------------------------------
     def set_step(self, step: int) -> None:
         """Renumber the step in progress (e.g. after restoring a checkpoint)."""
-        with self._lock:
-            self.step = step
+        self.step = step
 
     def end_step(self, end: Mark | None = None, number: int | None = None) -> None:
         """Close the step in progress at `end` (default now); the next step starts at the same mark."""
         if end is None:
-            end = self.clock.mark()
-        with self._lock:
-            step = self.step if number is None else number
-            raw = RawStep(
-                step=step,
-                clock=self.clock,
-                wall_anchor=self._anchor,
-                start=self._attach_mark if self._start is None else self._start,
-                end=end,
-                spans=self._spans,
-                gc_pauses=self._gc_drain() if self._gc_drain is not None else [],
-                seq=self._seq,
-                ended_at=time.perf_counter(),
-            )
-            self._spans = []
+            end = self._mark()
+        step = self.step if number is None else number
+        start = self._start
+        spans = self._spans
+        self._spans = []
+        seq = self._seq
+        if seq:
             self._seq = []
+        if self._forwards:
             self._forwards = {}
-            self._overflowed = False
-            self.last_step = step
-            self.step = step + 1
-            self._start = end
-            self._anchor = time.time() - time.perf_counter()
-        self._sink(raw)
+        self._overflowed = False
+        self.last_step = step
+        self.step = step + 1
+        self._start = end
+        count = self._ended_count + 1
+        self._ended_count = count
+        ended = self.ended
+        ended.append((count, step, self._attach_mark if start is None else start, end, spans, seq))
+        if len(ended) == self._backlog:
+            self._on_backlog()  # a full batch is waiting: wake the feeder
+
+    # -- feeder side ------------------------------------------------------------------------
+    def collect(self) -> list[RawStep]:
+        """The steps ended since the last call, as RawSteps with their GC pauses (feeder thread).
+
+        A GC pause belongs to the first step that ended after the pause started, as when it was
+        read at each step end. Sequence numbers that skip show steps dropped from a full deque.
+        """
+        ended = self.ended
+        with self._collect_lock:
+            items = [ended.popleft() for _ in range(len(ended))]
+            if items:
+                last = items[-1][0]
+                self.dropped += last - self._collected - len(items)
+                self._collected = last
+        pauses = self._pauses
+        if self._gc_drain is not None:
+            pauses.extend(self._gc_drain())
+        if not items:
+            if len(pauses) > _MAX_PENDING_PAUSES:
+                del pauses[: len(pauses) - _MAX_PENDING_PAUSES]
+            return []
+        anchor = wall_anchor()
+        if anchor is not None and abs(anchor - self._anchor) > _ANCHOR_SLACK:
+            self._anchor = anchor  # the system clock was set: Unix times follow it from here
+        clock = self.clock
+        host_time = clock.host_time
+        raws: list[RawStep] = []
+        for _, step, start, end, spans, seq in items:
+            ended_at = host_time(end)
+            mine: list[tuple[float, float]] = []
+            if pauses:
+                mine = [p for p in pauses if p[0] <= ended_at]
+                if mine:
+                    pauses = [p for p in pauses if p[0] > ended_at]
+            raws.append(RawStep(step, clock, self._anchor, start, end, spans, mine, seq, ended_at))
+        self._pauses = pauses[-_MAX_PENDING_PAUSES:]
+        return raws
+
+    def uncollected_drops(self) -> int:
+        """Steps pushed out of the full deque that `collect` has not counted yet."""
+        with self._collect_lock:
+            return max(0, self._ended_count - self._collected - len(self.ended))
 
     # -- heartbeat --------------------------------------------------------------------------
     def heartbeat(self) -> pb.Heartbeat:
         """Where this rank stands now: last completed step, step in progress, innermost open phase."""
-        with self._lock:
-            phase, since = "", 0.0
-            opened = self._open[-1:]  # a slice: the training thread may pop meanwhile
-            if opened:
-                phase, mark = opened[0]
-                since = self._anchor + self.clock.host_time(mark)
-            return pb.Heartbeat(
-                time=time.time(),
-                last_step=self.last_step,
-                current_step=self.step,
-                phase=phase,
-                phase_since=since,
-            )
+        phase, since = "", 0.0
+        opened = self._open[-1:]  # a slice: the training thread may pop meanwhile
+        if opened:
+            phase, mark = opened[0]
+            since = self._anchor + self.clock.host_time(mark)
+        return pb.Heartbeat(
+            time=time.time(),
+            last_step=self.last_step,
+            current_step=self.step,
+            phase=phase,
+            phase_since=since,
+        )

@@ -132,6 +132,17 @@ def run(rank: int, world_size: int, port: int, server: str, out_dir: str) -> Non
     mon.close()
     result["no_sync_errors"] = mon.counters()["errors"]
 
+    # F: attached to the plain module, which is then wrapped in DDP: DDP's forward calls the timed
+    # module (forward and backward spans; grad_sync needs the DDP object as the root).
+    inner = _model(rank)
+    optimizer = torch.optim.SGD(inner.parameters(), lr=0.05)
+    mon = smon.attach(inner, optimizer, job="ddp-inner", **fast)
+    ddp = DDP(inner, bucket_cap_mb=0.001)
+    result["inner_losses"] = train_with(ddp, optimizer)
+    mon.close()
+    restored = type(ddp.module) is torch.nn.Sequential
+    result["inner_class"] = type(ddp.module).__name__ + ("" if restored else " (still timed)")
+
     result["calls"] = calls
     result["log"] = capture.messages
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))

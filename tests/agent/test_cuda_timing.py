@@ -10,7 +10,7 @@ from torch import nn
 
 from smon.cuda_timing import CudaClock
 from smon.records import to_step_record
-from smon.steps import RawStep, StepTracker
+from smon.steps import StepTracker
 from smon.testing import FakeCuda
 from tests.agent.conftest import op_spans
 
@@ -86,11 +86,10 @@ def test_events_that_never_complete_fall_back_to_host_time(ingest, attach_fast):
 
 def test_read_back_timeout():
     cuda = FakeCuda()
-    raws: list[RawStep] = []
-    tracker = StepTracker(CudaClock(cuda), raws.append)
+    tracker = StepTracker(CudaClock(cuda))
     tracker.close("forward", tracker.open("forward"))
     tracker.end_step()
-    (raw,) = raws
+    (raw,) = tracker.collect()
     assert to_step_record(raw, timeout=60) is None  # still in flight
     record = to_step_record(raw, timeout=0.0)  # given up on: host times
     assert record is not None and record.spans[0].kind == "forward"

@@ -111,3 +111,14 @@ def test_no_sync_micro_batches_have_no_grad_sync(ddp_run):
             assert [s.microbatch for s in backward] == [0, 1]
             assert len(grad_sync) == 1  # only the synchronised micro-batch
             assert grad_sync[0].start == pytest.approx(backward[1].start + backward[1].duration, abs=1e-4)
+
+
+def test_module_attached_before_ddp_wraps_it(ddp_run):
+    servicer, results = ddp_run
+    for rank in range(WORLD):
+        assert results[rank]["inner_losses"] == results[rank]["plain"]
+        assert results[rank]["inner_class"] == "Sequential"  # close() restored the class under DDP
+        steps = steps_of(servicer, "ddp-inner", rank)
+        assert [[s.kind for s in op_spans(step)] for step in steps] == [
+            ["forward", "backward", "optimizer"]
+        ] * ddp_worker.STEPS

@@ -167,8 +167,10 @@ def test_close_removes_every_hook(ingest, attach_fast):
     loader = torch.utils.data.DataLoader(SlowDataset(n=8), batch_size=4)
     original_class = type(loader)
     mon = attach_fast(model, optimizer, loader, server=ingest.address)
-    assert model._forward_hooks and model._forward_pre_hooks and type(loader) is not original_class
+    assert type(model) is not torch.nn.Sequential and type(loader) is not original_class
+    assert not model._forward_hooks and not model._forward_pre_hooks  # forward is timed by its class
     mon.close()
+    assert type(model) is torch.nn.Sequential
     assert not model._forward_hooks and not model._forward_pre_hooks
     assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
     assert type(loader) is original_class

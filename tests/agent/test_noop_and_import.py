@@ -54,6 +54,7 @@ def test_enable_false_is_a_noop_with_no_threads_and_no_hooks():
     mon = smon.attach(model, optimizer, loader, enable=False)
     check_noop(mon)
     assert not model._forward_hooks and not model._forward_pre_hooks
+    assert type(model) is torch.nn.Sequential
     assert not optimizer._optimizer_step_post_hooks and type(loader) is torch.utils.data.DataLoader
     train(model, optimizer, loader)
     assert set(threading.enumerate()) <= threads  # nothing started

@@ -52,10 +52,10 @@ def test_step_record_fields():
 
 
 def test_step_without_any_activity_starts_at_attach():
-    raws: list[RawStep] = []
-    tracker = StepTracker(HostClock(), raws.append, start_step=3)
+    tracker = StepTracker(HostClock(), start_step=3)
     tracker.end_step()
     tracker.end_step()
+    raws = tracker.collect()
     assert [r.step for r in raws] == [3, 4] and raws[1].start is raws[0].end
     beat = tracker.heartbeat()
     assert (beat.last_step, beat.current_step, beat.phase) == (4, 5, "")
@@ -64,10 +64,27 @@ def test_step_without_any_activity_starts_at_attach():
 def test_a_step_that_never_ends_keeps_memory_bounded(caplog):
     from smon.steps import MAX_SPANS_PER_STEP
 
-    raws: list[RawStep] = []
     said: list[int] = []
-    tracker = StepTracker(HostClock(), raws.append, on_overflow=said.append)
+    tracker = StepTracker(HostClock(), on_overflow=said.append)
     for _ in range(MAX_SPANS_PER_STEP + 100):
         tracker.close("custom", tracker.open("custom"))
     tracker.end_step()
+    raws = tracker.collect()
     assert len(raws[0].spans) == MAX_SPANS_PER_STEP and said == [0]
+
+
+def test_collect_places_gc_pauses_in_their_steps_and_counts_dropped_steps():
+    drained = [[(5.0, 0.1), (15.0, 0.2), (25.0, 0.3)]]
+    tracker = StepTracker(HostClock(), gc_drain=lambda: drained.pop() if drained else [])
+    tracker.end_step(end=10.0)
+    tracker.end_step(end=20.0)
+    raws = tracker.collect()
+    assert [r.gc_pauses for r in raws] == [[(5.0, 0.1)], [(15.0, 0.2)]]
+    tracker.end_step(end=30.0)  # the pause after step 1 waited for the step it happened in
+    (raw,) = tracker.collect()
+    assert raw.gc_pauses == [(25.0, 0.3)] and raw.start == 20.0 and raw.ended_at == 30.0
+
+    small = StepTracker(HostClock(), capacity=2)
+    for _ in range(5):
+        small.end_step()
+    assert [r.step for r in small.collect()] == [3, 4] and small.dropped == 3
