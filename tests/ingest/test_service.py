@@ -311,3 +311,16 @@ def test_a_step_table_is_stored_like_the_same_records_sent_as_messages(
         assert list(getattr(table, name)) == list(getattr(rows, name)), name
     assert [table.kinds[k] for k in table.span_kind] == [rows.kinds[k] for k in rows.span_kind]
     assert _metric(server, "smon_ingest_records_total", kind="step") == 40
+
+
+def test_a_batch_declaring_billions_of_records_gets_one_counted_refusal(
+    server: BackgroundServer, stub: pb_grpc.IngestStub
+) -> None:
+    """Found by test_grpc_fuzz.py: the server was OOM-killed building a rejection per declared
+    record, and the whole-batch Ack's count overflowed its uint32 (an UNKNOWN status)."""
+    b = f.batch(f.new_job_id(), 0, 1, steps=[f.dp_step(1, start=f.T0)])
+    b.step_table.records = 2**32 - 1
+    ack = stub.Push(b)
+    assert (ack.accepted, ack.rejected) == (0, 2**32 - 1)
+    assert [(r.kind, r.reason) for r in ack.rejections] == [("batch", "batch_too_large")]
+    assert _metric(server, "smon_ingest_rejected_total", reason="batch_too_large") == 1

@@ -104,3 +104,70 @@ def test_unknown_fields_are_counted_not_fatal() -> None:
     out = v.validate_batch(pb.Batch.FromString(data), LIMITS)
     assert out.unknown_fields == 1
     assert len(out.steps) == 1
+
+
+# -- found by tests/ingest/test_grpc_fuzz.py ---------------------------------------------------------
+def test_a_table_declaring_billions_of_records_is_refused_whole_at_once() -> None:
+    """It once built a rejection per declared record: 3 M records cost 1.6 GB and 5 s, 2^32 an OOM kill."""
+    b = _batch_with([good(0)])
+    b.step_table.records = 2**32 - 1
+    with pytest.raises(v.BatchRejected) as refused:
+        v.validate_batch(b, LIMITS)
+    assert refused.value.reason == v.BATCH_TOO_LARGE
+
+
+def test_a_malformed_table_within_the_limit_is_one_rejection() -> None:
+    b = _batch_with([good(0)])
+    b.step_table.records = 150  # columns missing
+    out = v.validate_batch(b, LIMITS)
+    assert out.steps.step.tolist() == [0]
+    assert [(r.kind, r.index, r.reason) for r in out.rejections] == [("step_table", -1, v.BAD_TABLE)]
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda c: setattr(c, "dp_rank", 2),
+        lambda c: setattr(c, "pp_rank", 2**31 - 1),
+        lambda c: setattr(c, "tp_rank", 5),
+        lambda c: setattr(c, "dp_size", 3),
+        lambda c: setattr(c, "tp_size", -1),
+        lambda c: setattr(c, "world_size", 2**31 - 1),
+        lambda c: setattr(c, "backend", "gl\x00o"),
+    ],
+)
+def test_parallel_ranks_past_the_world_and_nul_backend_are_refused(mutate) -> None:
+    b = _batch_with([good(0)])  # world_size 2
+    mutate(b.coords)
+    with pytest.raises(v.BatchRejected) as refused:
+        v.validate_batch(b, LIMITS)
+    assert refused.value.reason == v.BAD_COORDINATES
+
+
+def test_values_past_their_columns_never_reach_the_database() -> None:
+    """A heartbeat phase with NUL or too long, uint64 counters and GPU fields past signed 64 bits,
+    a GPU index past int32: the database refused them, and with them the whole batch."""
+    b = _batch_with([good(0)])
+    b.heartbeat.CopyFrom(pb.Heartbeat(time=f.T0, phase="x\x00" * 100))
+    b.counters.CopyFrom(pb.AgentCounters(dropped_records=2**64 - 1, errors=7))
+    b.gpu_samples.add(time=f.T0, gpu_index=2**32 - 1)
+    b.gpu_samples.add(time=f.T0, gpu_index=0, ecc_corrected=2**64 - 1)
+    b.gpu_samples.add(time=f.T0, gpu_index=1, xid_events=[2**63])
+    b.gpu_samples.add(time=f.T0, gpu_index=2, power_w=50.0)
+    out = v.validate_batch(b, LIMITS)
+    assert out.steps.step.tolist() == [0] and len(out.gpu_samples) == 1
+    assert out.heartbeat is None
+    assert out.counters is not None and (out.counters.dropped_records, out.counters.errors) == (2**63 - 1, 7)
+    assert sorted((r.kind, r.reason) for r in out.rejections) == [
+        ("gpu_sample", v.OUT_OF_RANGE),
+        ("gpu_sample", v.OUT_OF_RANGE),
+        ("gpu_sample", v.OUT_OF_RANGE),
+        ("heartbeat", v.BAD_NAME),
+    ]
+
+
+def test_a_span_starting_far_from_its_step_is_absurd() -> None:
+    bad = good(1)
+    bad.spans[0].start = -1e300  # stored as a float32 offset from the step start: -inf
+    out = v.validate_batch(_batch_with([good(0), bad]), LIMITS)
+    assert [(r.index, r.reason) for r in out.rejections] == [(1, v.ABSURD_DURATION)]

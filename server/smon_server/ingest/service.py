@@ -186,7 +186,8 @@ class IngestService:
         return pb.Ack(
             agent_id=batch.agent_id,
             seq=batch.seq,
-            rejected=len(batch.steps) + batch.step_table.records + len(batch.gpu_samples),
+            # Declared counts can add up past Ack.rejected's uint32.
+            rejected=min(len(batch.steps) + batch.step_table.records + len(batch.gpu_samples), 2**32 - 1),
             rejections=[pb.Rejection(kind="batch", index=-1, reason=reason, detail=detail)],
             step_tables=True,
         )

@@ -39,11 +39,17 @@ DUPLICATE_STEP = "duplicate_step"
 NEGATIVE_VALUE = "negative_value"
 BAD_SPAN = "bad_span"  # a micro-batch or chunk number outside what a stored span holds
 BAD_TABLE = "bad_table"  # a StepTable whose columns do not fit together
+OUT_OF_RANGE = "out_of_range"  # an integer past the column that stores it (GPU index, counters)
 
 # Strings of the coordinates and the columns they are stored in (store/models.py Agent).
 COORDINATE_STRINGS = {"host": 256, "gpu_uuid": 128, "agent_version": 64}  # backend: cut to 32
 MAX_JOB_LENGTH = 256
 MAX_CLOCK_OFFSET = 365 * 86_400.0
+# Far past any job (tens of thousands of GPUs): the analysis sizes its grids by ranks.
+MAX_WORLD_SIZE = 1 << 20
+MAX_PHASE_LENGTH = 128  # Agent.hb_phase
+_INT64_MAX = 2**63 - 1
+_INT32_MAX = 2**31 - 1
 # Wall-clock slack for start <= end across two clock reads on the agent.
 _TIME_SLACK = 1e-3
 
@@ -73,21 +79,20 @@ def validate_batch(batch: pb.Batch, limits: Limits) -> ValidBatch:
         raise BatchRejected(MISSING_SEQ, "seq must start at 1")
     if not coords.job or len(coords.job) > MAX_JOB_LENGTH:
         raise BatchRejected(MISSING_JOB, f"coords.job must be 1-{MAX_JOB_LENGTH} characters")
-    if coords.rank < 0 or coords.world_size < 1 or coords.rank >= coords.world_size:
-        raise BatchRejected(
-            BAD_COORDINATES, f"rank {coords.rank} is not within world_size {coords.world_size}"
-        )
-    if min(coords.dp_rank, coords.pp_rank, coords.tp_rank) < 0:
-        raise BatchRejected(BAD_COORDINATES, "dp/pp/tp ranks must be >= 0")
-    for name, limit in COORDINATE_STRINGS.items():
-        value = getattr(coords, name)
-        if len(value) > limit or "\x00" in value:
-            raise BatchRejected(BAD_COORDINATES, f"coords.{name} must be at most {limit} characters, no NUL")
+    _check_coordinates(coords)
     if "\x00" in coords.job or "\x00" in batch.agent_id:
         raise BatchRejected(MISSING_JOB, "job and agent_id must not contain NUL")
     offset = batch.clock_offset
     if not math.isfinite(offset) or abs(offset) > MAX_CLOCK_OFFSET:
         raise BatchRejected(BAD_CLOCK_OFFSET, f"clock_offset {offset!r} is not a plausible offset")
+    # Declared counts are checked before anything is built from them: a StepTable saying it holds
+    # four billion records must cost one comparison, not a rejection per record.
+    declared = len(batch.steps) + batch.step_table.records + len(batch.gpu_samples)
+    if declared > 2 * limits.max_batch_records:
+        raise BatchRejected(
+            BATCH_TOO_LARGE,
+            f"{declared} records, more than twice max_batch_records ({limits.max_batch_records})",
+        )
 
     out = ValidBatch(
         agent_id=batch.agent_id,
@@ -97,7 +102,7 @@ def validate_batch(batch: pb.Batch, limits: Limits) -> ValidBatch:
         clock_offset=offset,
         final=batch.final,
         heartbeat=batch.heartbeat if batch.HasField("heartbeat") else None,
-        counters=batch.counters if batch.HasField("counters") else None,
+        counters=_clamped(batch.counters) if batch.HasField("counters") else None,
     )
     out.unknown_fields = _count_unknown(batch)
 
@@ -105,11 +110,9 @@ def validate_batch(batch: pb.Batch, limits: Limits) -> ValidBatch:
     if batch.HasField("step_table"):
         try:
             columns = RecordColumns.concat(columns, record_columns.from_table(batch.step_table))
-        except record_columns.MalformedTable as exc:
-            first = len(batch.steps)
-            out.rejections.extend(
-                _reject("step", first + i, BAD_TABLE, str(exc)) for i in range(batch.step_table.records)
-            )
+        except record_columns.MalformedTable as exc:  # one refusal for the table, not one per record
+            detail = f"{batch.step_table.records} records refused: {exc}"
+            out.rejections.append(_reject("step_table", -1, BAD_TABLE, detail))
     out.steps, rejected = _step_block(columns, limits, offset)
     out.rejections.extend(rejected)
     out.unknown_fields += sum(_count_unknown(record) for record in batch.steps)
@@ -124,10 +127,53 @@ def validate_batch(batch: pb.Batch, limits: Limits) -> ValidBatch:
             continue
         budget -= 1
         out.gpu_samples.append(_gpu_row(sample, out, offset))
-    if out.heartbeat is not None and not math.isfinite(out.heartbeat.time):
-        out.rejections.append(_reject("heartbeat", 0, NON_FINITE, "heartbeat time"))
-        out.heartbeat = None
+    if out.heartbeat is not None:
+        reason = _check_heartbeat(out.heartbeat)
+        if reason is not None:
+            out.rejections.append(_reject("heartbeat", 0, reason, "heartbeat time, phase or phase_since"))
+            out.heartbeat = None
     return out
+
+
+def _check_coordinates(coords: pb.Coordinates) -> None:
+    """Ranks and sizes within the world (the analysis sizes its grids by them); strings that fit
+    their columns (no NUL: PostgreSQL's text cannot hold it)."""
+    world = coords.world_size
+    if not 1 <= world <= MAX_WORLD_SIZE or not 0 <= coords.rank < world:
+        raise BatchRejected(
+            BAD_COORDINATES, f"rank {coords.rank} is not within world_size {world} (at most {MAX_WORLD_SIZE})"
+        )
+    for axis in ("dp", "pp", "tp"):
+        rank, size = getattr(coords, f"{axis}_rank"), getattr(coords, f"{axis}_size")
+        if not 0 <= rank < world or not 0 <= size <= world:
+            raise BatchRejected(
+                BAD_COORDINATES, f"{axis}_rank {rank} / {axis}_size {size} are not within world_size {world}"
+            )
+    for name, limit in COORDINATE_STRINGS.items():
+        value = getattr(coords, name)
+        if len(value) > limit or "\x00" in value:
+            raise BatchRejected(BAD_COORDINATES, f"coords.{name} must be at most {limit} characters, no NUL")
+    if "\x00" in coords.backend:
+        raise BatchRejected(BAD_COORDINATES, "coords.backend must not contain NUL")
+
+
+def _check_heartbeat(hb: pb.Heartbeat) -> str | None:
+    if not math.isfinite(hb.time) or not math.isfinite(hb.phase_since):
+        return NON_FINITE
+    if len(hb.phase) > MAX_PHASE_LENGTH or "\x00" in hb.phase:
+        return BAD_NAME
+    return None
+
+
+def _clamped(counters: pb.AgentCounters) -> pb.AgentCounters:
+    """Cumulative uint64 counters stored in signed 64-bit columns: past the column they stay at its
+    maximum (a count that large is already "everything")."""
+    return pb.AgentCounters(
+        dropped_records=min(counters.dropped_records, _INT64_MAX),
+        errors=min(counters.errors, _INT64_MAX),
+        queued=min(counters.queued, _INT64_MAX),
+        resent_batches=min(counters.resent_batches, _INT64_MAX),
+    )
 
 
 def _reject(kind: str, index: int, reason: str, detail: str) -> pb.Rejection:
@@ -164,7 +210,7 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
     )
     limit = limits.max_duration_seconds
     absurd = (duration > limit) | (gc_seconds > limit) | (cols.over > limit)
-    absurd |= any_per_record(cols.span_duration > limit, span_record)
+    absurd |= any_per_record((cols.span_duration > limit) | (np.abs(cols.span_start) > limit), span_record)
     bad_span = cols.bad_span | any_per_record(
         (cols.span_microbatch < -1)
         | (cols.span_microbatch > codec.MAX_MICROBATCH)
@@ -269,6 +315,13 @@ def _check_gpu_sample(sample: pb.GpuSample) -> str | None:
         return BAD_NAME
     if not math.isfinite(sample.time) or sample.time <= 0:
         return BAD_TIME
+    if sample.gpu_index > _INT32_MAX:
+        return OUT_OF_RANGE
+    for name in _GPU_INT_FIELDS:
+        if sample.HasField(name) and getattr(sample, name) > _INT64_MAX:
+            return OUT_OF_RANGE
+    if any(x > _INT64_MAX for x in sample.xid_events):
+        return OUT_OF_RANGE
     for name in _GPU_FLOAT_FIELDS:
         if sample.HasField(name):
             value = getattr(sample, name)

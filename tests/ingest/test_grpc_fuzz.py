@@ -1,0 +1,491 @@
+"""The gRPC ingest fuzzed with hypothesis over real gRPC, against `smon server` in its own process
+(SQLite, the embedded default, and PostgreSQL): random bytes, batches generated in both wire forms
+(StepRecord messages and the columnar StepTable), and valid batches with some records, the table
+or the batch itself broken.
+
+Whatever arrives, the server answers with an Ack or a clear INVALID_ARGUMENT (bytes that are no
+smon.v1.Batch), never INTERNAL / UNKNOWN / UNAVAILABLE (which an agent would resend forever). Every
+refusal names its reason and is counted on /metrics (`smon_ingest_rejected_total{reason}`), the
+valid records beside bad ones are stored (the test counts them in the database), the database
+never refuses what validation let through (`storage_refused` never happens), and the server is
+healthy afterwards. Runs derandomised (the same inputs every run) to stay deterministic; the
+number of inputs tried is printed.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
+
+from smon.table import to_table
+from smon.v1 import ingest_pb2 as pb
+from tests import factories as f
+from tests.databases import fresh_database
+from tests.server_process import free_port, start_server
+
+pytestmark = pytest.mark.slow
+
+# The status codes an answer may end with other than OK: the bytes are no Batch (INVALID_ARGUMENT),
+# or the message is past the server's size limit (RESOURCE_EXHAUSTED, grpc's own).
+CLEAR_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
+FUZZ = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+)
+KINDS = ["data_wait", "forward", "backward", "grad_sync", "optimizer", "checkpoint"]
+U32, U64 = 2**32 - 1, 2**64 - 1
+
+
+@dataclass
+class Server:
+    grpc_target: str
+    http: str
+    engine: Engine
+    process: subprocess.Popen[bytes]
+    push: Callable[..., pb.Ack] = field(init=False)
+    channel: grpc.Channel = field(init=False)
+    tried: Counter[str] = field(default_factory=Counter)  # inputs sent, by strategy
+    refused: Counter[str] = field(default_factory=Counter)  # refusals answered, by reason
+
+    def __post_init__(self) -> None:
+        self.channel = grpc.insecure_channel(
+            self.grpc_target, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        )
+        # Raw bytes in, so a test can send what no Batch serialises to.
+        self.push = self.channel.unary_unary(
+            "/smon.v1.Ingest/Push", request_serializer=None, response_deserializer=pb.Ack.FromString
+        )
+
+    def send(self, payload: bytes, strategy: str) -> pb.Ack | None:
+        """Push `payload`; the Ack, or None after a clear refusal. Anything else fails the test."""
+        self.tried[strategy] += 1
+        assert self.process.poll() is None, "the server died"
+        try:
+            ack: pb.Ack = self.push(payload, timeout=60)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            assert code in CLEAR_CODES, f"{code}: {exc.details()}"
+            assert exc.details(), "a refusal without a reason"
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                self.refused["malformed"] += 1
+            return None
+        if not ack.duplicate:  # a resend is counted once, when it was first stored
+            for rejection in ack.rejections:
+                assert rejection.reason and rejection.detail, rejection
+                self.refused[rejection.reason] += 1
+        assert "storage_refused" not in {r.reason for r in ack.rejections}, ack
+        return ack
+
+    def stored_steps(self, job: str) -> list[int]:
+        with self.engine.connect() as c:
+            rows = c.execute(
+                text(
+                    "SELECT r.step FROM step_records r JOIN jobs j ON j.key = r.job_key "
+                    "WHERE j.job_id = :job ORDER BY r.step"
+                ),
+                {"job": job},
+            )
+            return [int(step) for (step,) in rows]
+
+    def rejected_counters(self) -> dict[str, float]:
+        body = httpx.get(f"{self.http}/metrics", timeout=30).text
+        return {
+            s.labels["reason"]: s.value
+            for family in text_string_to_metric_families(body)
+            if family.name == "smon_ingest_rejected"
+            for s in family.samples
+            if s.name == "smon_ingest_rejected_total"
+        }
+
+
+def _run_server(url: str) -> Iterator[Server]:
+    http, port = free_port(), free_port()
+    # No analysis passes: the fuzz is about ingest, and the machine is small.
+    process = start_server(url, http, port, env={"SMON_ANALYSIS_INTERVAL": "3600"})
+    engine = create_engine(url)
+    server = Server(f"127.0.0.1:{port}", f"http://127.0.0.1:{http}", engine, process)
+    try:
+        yield server
+    finally:
+        server.channel.close()
+        engine.dispose()
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def fuzz_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    if request.param == "sqlite":
+        path: Path = tmp_path_factory.mktemp("fuzz") / "smon.db"
+        yield from _run_server(f"sqlite:///{path}")
+        return
+    admin = request.getfixturevalue("postgres_admin_url")
+    with fresh_database(admin, "smon_fuzz") as url:
+        yield from _run_server(url)
+
+
+@pytest.fixture(scope="module")
+def counted(fuzz_server: Server) -> Iterator[Server]:
+    """After all the module's inputs: each refusal counted on /metrics once, and the server healthy."""
+    before = fuzz_server.rejected_counters()
+    yield fuzz_server
+    after = fuzz_server.rejected_counters()
+    served = {r: after.get(r, 0) - before.get(r, 0) for r in after}
+    assert {r: n for r, n in served.items() if n} == dict(fuzz_server.refused)
+    assert "storage_refused" not in served or served["storage_refused"] == 0
+    assert httpx.get(f"{fuzz_server.http}/healthz", timeout=10).status_code == 200
+    assert httpx.get(f"{fuzz_server.http}/readyz", timeout=10).status_code == 200
+    job = f.new_job_id("after-fuzz")
+    ack = fuzz_server.send(f.batch(job, 0, 1, steps=[f.dp_step(1, start=f.T0)]).SerializeToString(), "health")
+    assert ack is not None and ack.accepted == 1
+    print(
+        f"\ngRPC fuzz: {sum(fuzz_server.tried.values())} inputs "
+        f"({dict(fuzz_server.tried)}); refusals {dict(fuzz_server.refused)}"
+    )
+
+
+# -- strategies ------------------------------------------------------------------------------------
+names = st.text(
+    st.characters(blacklist_characters="\x00", blacklist_categories=["Cs"]), min_size=1, max_size=20
+)
+seconds = st.floats(0.0, 50.0, allow_nan=False)
+
+
+@st.composite
+def spans(draw: st.DrawFn, start: float) -> list[pb.Span]:
+    out = []
+    for _ in range(draw(st.integers(1, 5))):
+        span = pb.Span(
+            kind=draw(st.sampled_from(KINDS) | names),
+            start=start + draw(seconds),
+            duration=draw(seconds),
+            chunk=draw(st.integers(0, 65_535)),
+        )
+        if draw(st.booleans()):
+            span.microbatch = draw(st.integers(-1, 32_767))
+        out.append(span)
+    return out
+
+
+def sequence_stats(draw: st.DrawFn) -> pb.SequenceStats:
+    return pb.SequenceStats(
+        count=draw(st.integers(0, U32)),
+        tokens=draw(st.integers(0, U64)),
+        sum_sq=draw(st.floats(0, 1e300)),
+        max_len=draw(st.integers(0, U32)),
+    )
+
+
+@st.composite
+def record(draw: st.DrawFn, step: int) -> pb.StepRecord:
+    """A valid step record with every field drawn from its whole valid range."""
+    start = f.T0 + draw(st.floats(-1e8, 1e8))
+    duration = draw(st.floats(0.0, 86_400.0))
+    r = pb.StepRecord(
+        step=step,
+        start_time=start,
+        end_time=start + duration,
+        duration=duration,
+        spans=draw(spans(start)),
+        gc_count=draw(st.integers(0, U32)),
+        gc_seconds=draw(st.floats(0.0, 86_400.0)),
+    )
+    if draw(st.booleans()):
+        r.seq.CopyFrom(sequence_stats(draw))
+    for _ in range(draw(st.integers(0, 2))):
+        r.microbatch_seq.add(microbatch=draw(st.integers(-32_768, 32_767))).seq.CopyFrom(sequence_stats(draw))
+    return r
+
+
+# Each breaks one record for sure (validate.py's checks), in either wire form.
+RECORD_BREAKAGES: dict[str, Callable[[pb.StepRecord], None]] = {
+    "negative_step": lambda r: setattr(r, "step", -1 - r.step),
+    "nan_duration": lambda r: setattr(r, "duration", math.nan),
+    "inf_start": lambda r: setattr(r, "start_time", math.inf),
+    "zero_start": lambda r: setattr(r, "start_time", 0.0),
+    "end_before_start": lambda r: setattr(r, "end_time", r.start_time - 10),
+    "negative_duration": lambda r: setattr(r, "duration", -1.0),
+    "huge_duration": lambda r: setattr(r, "duration", 1e300),
+    "negative_gc": lambda r: setattr(r, "gc_seconds", -0.5),
+    "nul_kind": lambda r: setattr(r.spans[0], "kind", "for\x00ward"),
+    "empty_kind": lambda r: setattr(r.spans[0], "kind", ""),
+    "long_kind": lambda r: setattr(r.spans[0], "kind", "k" * 129),
+    "nan_span": lambda r: setattr(r.spans[0], "duration", math.nan),
+    "negative_span": lambda r: setattr(r.spans[0], "duration", -1.0),
+    "huge_span": lambda r: setattr(r.spans[0], "duration", 1e9),
+    "span_start_inf": lambda r: setattr(r.spans[0], "start", -math.inf),
+    "microbatch_past": lambda r: setattr(r.spans[0], "microbatch", 40_000),
+    "microbatch_below": lambda r: setattr(r.spans[0], "microbatch", -7),
+    "chunk_past": lambda r: setattr(r.spans[0], "chunk", 2**31 - 1),
+    "negative_chunk": lambda r: setattr(r.spans[0], "chunk", -1),
+    "nan_sum_sq": lambda r: r.seq.MergeFrom(pb.SequenceStats(count=1, sum_sq=math.nan)),
+    "mb_seq_past": lambda r: r.microbatch_seq.add(microbatch=70_000, seq=pb.SequenceStats(count=1)),
+}
+# Message form only: a table carries no phase totals.
+MESSAGE_BREAKAGES: dict[str, Callable[[pb.StepRecord], None]] = {
+    "nan_phase": lambda r: r.phases.update({"forward": math.nan}),
+    "negative_phase": lambda r: r.phases.update({"forward": -1.0}),
+    "nul_phase": lambda r: r.phases.update({"a\x00b": 1.0}),
+    "long_phase": lambda r: r.phases.update({"p" * 200: 1.0}),
+    "huge_phase": lambda r: r.phases.update({"forward": 1e12}),
+}
+
+
+def _truncate(t: pb.StepTable) -> None:
+    t.duration = t.duration[:-3]
+
+
+def _seq_companion_missing(t: pb.StepTable) -> None:
+    t.seq_count = b"\x01\x00\x00\x00" * t.records
+    t.ClearField("seq_tokens")
+
+
+# Each makes the whole table unusable: it is refused with one rejection, the messages beside it kept.
+TABLE_BREAKAGES: dict[str, Callable[[pb.StepTable], None]] = {
+    "column_short": _truncate,
+    "records_one_more": lambda t: setattr(t, "records", t.records + 1),
+    "records_huge": lambda t: setattr(t, "records", U32),
+    "records_many": lambda t: setattr(t, "records", 15_000),
+    "kind_past_list": lambda t: setattr(t, "span_kind", b"\xff\x7f" * (len(t.span_kind) // 2)),
+    "span_count_huge": lambda t: setattr(t, "span_count", b"\xff\xff\xff\xff" * t.records),
+    "seq_companion_missing": _seq_companion_missing,
+    "mb_rows_huge": lambda t: setattr(t, "mb_rows", b"\xff\xff\xff\x7f" * t.records),
+    "microbatch_column_odd": lambda t: setattr(t, "span_microbatch", b"\x01\x02\x03"),
+}  # fmt: skip
+
+
+def _world(b: pb.Batch, size: int) -> None:
+    b.coords.world_size = size
+
+
+# Each refuses the batch as a whole, with a reason, nothing of it stored.
+BATCH_BREAKAGES: dict[str, Callable[[pb.Batch], None]] = {
+    "rank_past_world": lambda b: setattr(b.coords, "rank", b.coords.world_size),
+    "negative_rank": lambda b: setattr(b.coords, "rank", -1),
+    "zero_world": lambda b: _world(b, 0),
+    "dp_past_world": lambda b: setattr(b.coords, "dp_rank", 2**31 - 1),
+    "pp_past_world": lambda b: setattr(b.coords, "pp_rank", b.coords.world_size),
+    "tp_past_world": lambda b: setattr(b.coords, "tp_rank", b.coords.world_size + 5),
+    "negative_pp": lambda b: setattr(b.coords, "pp_rank", -3),
+    "dp_size_past_world": lambda b: setattr(b.coords, "dp_size", 2**31 - 1),
+    "negative_tp_size": lambda b: setattr(b.coords, "tp_size", -1),
+    "world_absurd": lambda b: _world(b, 2**31 - 1),
+    "nul_host": lambda b: setattr(b.coords, "host", "node\x001"),
+    "long_host": lambda b: setattr(b.coords, "host", "h" * 300),
+    "nul_backend": lambda b: setattr(b.coords, "backend", "gl\x00o"),
+    "long_version": lambda b: setattr(b.coords, "agent_version", "v" * 65),
+    "nul_gpu_uuid": lambda b: setattr(b.coords, "gpu_uuid", "GPU-\x00"),
+    "nul_job": lambda b: setattr(b.coords, "job", b.coords.job + "\x00"),
+    "empty_job": lambda b: setattr(b.coords, "job", ""),
+    "long_job": lambda b: setattr(b.coords, "job", "j" * 257),
+    "empty_agent": lambda b: setattr(b, "agent_id", ""),
+    "long_agent": lambda b: setattr(b, "agent_id", "a" * 65),
+    "nul_agent": lambda b: setattr(b, "agent_id", "a\x00"),
+    "seq_zero": lambda b: setattr(b, "seq", 0),
+    "nan_offset": lambda b: setattr(b, "clock_offset", math.nan),
+    "huge_offset": lambda b: setattr(b, "clock_offset", 1e12),
+}
+
+
+# Batch fields that must not stop the records from being stored: accepted as sent, clamped, or
+# refused on their own, but never a reason for the database to refuse the batch.
+def _huge_counters(b: pb.Batch) -> None:
+    b.counters.CopyFrom(pb.AgentCounters(dropped_records=U64, errors=U64, queued=U64, resent_batches=U64))
+
+
+def _odd_heartbeat(b: pb.Batch) -> None:
+    hb = pb.Heartbeat(time=f.T0, last_step=-(2**63), current_step=2**63 - 1, phase="x\x00" * 100)
+    b.heartbeat.CopyFrom(hb)
+
+
+def _odd_heartbeat_times(b: pb.Batch) -> None:
+    b.heartbeat.CopyFrom(pb.Heartbeat(time=math.inf, phase_since=math.nan, phase="p" * 300))
+
+
+def _heartbeat_since(b: pb.Batch) -> None:
+    b.heartbeat.CopyFrom(pb.Heartbeat(time=f.T0, phase="forward", phase_since=math.nan))
+
+
+def _huge_gpu(b: pb.Batch) -> None:
+    b.gpu_samples.add(
+        time=f.T0,
+        gpu_index=U32,
+        gpu_uuid="GPU-1",
+        throttle_reasons=U64,
+        ecc_corrected=U64,
+        ecc_uncorrected=2**63,
+        pcie_replay=U64,
+        xid_events=[U64, 0],
+        sm_clock_mhz=1e308,
+    )
+
+
+def _gpu_same_time(b: pb.Batch) -> None:
+    for _ in range(3):
+        b.gpu_samples.add(time=f.T0, gpu_index=0, power_w=100.0)
+
+
+def _gpu_bad(b: pb.Batch) -> None:
+    b.gpu_samples.add(time=math.nan, gpu_index=0)
+    b.gpu_samples.add(time=f.T0, gpu_index=1, gpu_uuid="\x00")
+    b.gpu_samples.add(time=f.T0, gpu_index=2, power_w=-5.0)
+
+
+def _attempt_extremes(b: pb.Batch) -> None:
+    b.coords.attempt = -(2**63)
+
+
+def _pid_and_local(b: pb.Batch) -> None:
+    b.coords.pid = -(2**31)
+    b.coords.local_rank = 2**31 - 1
+
+
+def _unknown_field(b: pb.Batch) -> None:
+    b.MergeFromString(b"\xa8\x1f\x01")  # field 500, varint: a newer agent's field
+
+
+SIDE_FIELDS: dict[str, Callable[[pb.Batch], None]] = {
+    "huge_counters": _huge_counters,
+    "odd_heartbeat": _odd_heartbeat,
+    "odd_heartbeat_times": _odd_heartbeat_times,
+    "heartbeat_since_nan": _heartbeat_since,
+    "huge_gpu": _huge_gpu,
+    "gpu_same_time": _gpu_same_time,
+    "gpu_bad": _gpu_bad,
+    "attempt_extremes": _attempt_extremes,
+    "pid_and_local": _pid_and_local,
+    "unknown_field": _unknown_field,
+    "final": lambda b: setattr(b, "final", True),
+    "long_backend": lambda b: setattr(b.coords, "backend", "b" * 100),  # cut to its column
+}
+
+
+@dataclass
+class Case:
+    batch: pb.Batch
+    good_steps: list[int]  # steps that must be stored
+    bad_indexes: set[int]  # rejection indexes of the records that must be refused
+    table_broken: str | None
+    batch_broken: str | None
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    """A batch of 1-12 records with distinct steps, some broken, split between the message and the
+    table forms, perhaps with a broken table, batch-level field, or an odd side field."""
+    n = draw(st.integers(1, 12))
+    steps = draw(st.lists(st.integers(0, 2**62), min_size=n, max_size=n, unique=True))
+    records = [draw(record(s)) for s in steps]
+    in_messages = draw(st.integers(0, n))  # records [0, in_messages) as messages, the rest as a table
+    broken: set[int] = set()
+    for i in draw(st.sets(st.integers(0, n - 1), max_size=n)):
+        pool = dict(RECORD_BREAKAGES)
+        if i < in_messages:
+            pool.update(MESSAGE_BREAKAGES)
+        pool[draw(st.sampled_from(sorted(pool)))](records[i])
+        broken.add(i)
+    world = draw(st.integers(1, 4096))
+    rank = draw(st.integers(0, world - 1))
+    job = f"fuzz-{uuid.uuid4().hex[:10]}"
+    b = f.batch(job, rank, world, agent_id=f"fz-{uuid.uuid4().hex[:12]}", steps=records[:in_messages])
+    b.coords.dp_rank, b.coords.dp_size = rank, world
+    table_broken = None
+    if in_messages < n:
+        table = to_table(records[in_messages:])
+        if draw(st.integers(0, 4)) == 0:
+            table_broken = draw(st.sampled_from(sorted(TABLE_BREAKAGES)))
+            TABLE_BREAKAGES[table_broken](table)
+        b.step_table.CopyFrom(table)
+    batch_broken = None
+    if draw(st.integers(0, 5)) == 0:
+        batch_broken = draw(st.sampled_from(sorted(BATCH_BREAKAGES)))
+        BATCH_BREAKAGES[batch_broken](b)
+    for name in draw(st.sets(st.sampled_from(sorted(SIDE_FIELDS)), max_size=2)):
+        SIDE_FIELDS[name](b)
+    in_table = set(range(in_messages, n)) if table_broken else set()
+    good = sorted(steps[i] for i in range(n) if i not in broken and i not in in_table)
+    return Case(b, [] if batch_broken else good, broken - in_table, table_broken, batch_broken)
+
+
+# -- the tests -------------------------------------------------------------------------------------
+@FUZZ
+@given(payload=st.binary(max_size=4096))
+def test_random_bytes_get_a_clear_answer(counted: Server, payload: bytes) -> None:
+    ack = counted.send(payload, "random_bytes")
+    if ack is not None:  # bytes that happen to parse: refused for what they lack, or empty
+        assert ack.accepted == 0 or ack.rejections == []
+
+
+@FUZZ
+@given(case=cases(), flips=st.lists(st.tuples(st.integers(0, 2**20), st.integers(1, 255)), max_size=4))
+def test_mutated_bytes_of_a_batch_get_a_clear_answer(
+    counted: Server, case: Case, flips: list[tuple[int, int]]
+) -> None:
+    data = bytearray(case.batch.SerializeToString())
+    for position, xor in flips:
+        data[position % len(data)] ^= xor
+    cut = len(data) - (flips[0][0] % 7 if flips else 0)
+    counted.send(bytes(data[:cut]), "mutated_bytes")
+
+
+@FUZZ
+@given(case=cases())
+def test_broken_records_are_refused_and_the_rest_stored(counted: Server, case: Case) -> None:
+    ack = counted.send(case.batch.SerializeToString(), "generated_batch")
+    assert ack is not None
+    job = case.batch.coords.job
+    if case.batch_broken:
+        assert ack.accepted == 0
+        assert [(r.kind, r.index) for r in ack.rejections] == [("batch", -1)], case.batch_broken
+        return
+    samples_kept = len(case.batch.gpu_samples) - sum(r.kind == "gpu_sample" for r in ack.rejections)
+    assert ack.accepted == len(case.good_steps) + samples_kept, ack
+    step_rejections = {r.index for r in ack.rejections if r.kind == "step"}
+    assert step_rejections == case.bad_indexes, ack
+    if case.table_broken:
+        whole = [r for r in ack.rejections if r.kind == "step_table"]
+        assert [(r.index, r.reason) for r in whole] == [(-1, "bad_table")], case.table_broken
+    assert counted.stored_steps(job) == case.good_steps
+
+
+@FUZZ
+@given(first=cases(), second=cases())
+def test_a_resent_seq_with_other_records_is_refused_and_the_first_kept(
+    counted: Server, first: Case, second: Case
+) -> None:
+    if first.batch_broken or second.batch_broken or not first.good_steps:
+        return
+    ack = counted.send(first.batch.SerializeToString(), "seq_reused")
+    assert ack is not None and ack.accepted == len(first.good_steps)
+    again = counted.send(first.batch.SerializeToString(), "seq_reused")
+    assert again is not None and again.duplicate and again.accepted == ack.accepted
+    other = pb.Batch()
+    other.CopyFrom(second.batch)
+    other.agent_id, other.seq = first.batch.agent_id, first.batch.seq
+    other.coords.CopyFrom(first.batch.coords)
+    refused = counted.send(other.SerializeToString(), "seq_reused")
+    assert refused is not None
+    if sorted(second.good_steps) != sorted(first.good_steps):
+        assert refused.accepted == 0 and [r.reason for r in refused.rejections] == ["seq_reused"]
+    assert counted.stored_steps(first.batch.coords.job) == first.good_steps
