@@ -428,6 +428,11 @@ def cases(draw: st.DrawFn) -> Case:
     return Case(b, [] if batch_broken else good, broken - in_table, table_broken, batch_broken)
 
 
+def _samples_kept(case: Case, ack: pb.Ack) -> int:
+    """GPU samples count in an Ack's accepted records beside the steps."""
+    return len(case.batch.gpu_samples) - sum(r.kind == "gpu_sample" for r in ack.rejections)
+
+
 # -- the tests -------------------------------------------------------------------------------------
 @FUZZ
 @given(payload=st.binary(max_size=4096))
@@ -459,8 +464,7 @@ def test_broken_records_are_refused_and_the_rest_stored(counted: Server, case: C
         assert ack.accepted == 0
         assert [(r.kind, r.index) for r in ack.rejections] == [("batch", -1)], case.batch_broken
         return
-    samples_kept = len(case.batch.gpu_samples) - sum(r.kind == "gpu_sample" for r in ack.rejections)
-    assert ack.accepted == len(case.good_steps) + samples_kept, ack
+    assert ack.accepted == len(case.good_steps) + _samples_kept(case, ack), ack
     step_rejections = {r.index for r in ack.rejections if r.kind == "step"}
     assert step_rejections == case.bad_indexes, ack
     if case.table_broken:
@@ -477,7 +481,7 @@ def test_a_resent_seq_with_other_records_is_refused_and_the_first_kept(
     if first.batch_broken or second.batch_broken or not first.good_steps:
         return
     ack = counted.send(first.batch.SerializeToString(), "seq_reused")
-    assert ack is not None and ack.accepted == len(first.good_steps)
+    assert ack is not None and ack.accepted == len(first.good_steps) + _samples_kept(first, ack)
     again = counted.send(first.batch.SerializeToString(), "seq_reused")
     assert again is not None and again.duplicate and again.accepted == ack.accepted
     other = pb.Batch()

@@ -245,15 +245,38 @@ def test_concurrent_agents_all_stored(server: BackgroundServer) -> None:
     assert _count(server, StepRecord) == world * 20
 
 
+def _refuse_step(server: BackgroundServer, step: int) -> None:
+    """Make the database itself refuse any step record of `step` (a trigger raising a data error):
+    content that passed validation but cannot be stored, which validation no longer lets through
+    on its own (the fuzz found those and validation refuses them now)."""
+    assert server.context is not None
+    with server.context.db.engine.begin() as c:
+        if c.dialect.name == "postgresql":
+            c.exec_driver_sql(
+                "CREATE OR REPLACE FUNCTION refuse_step() RETURNS trigger AS $$ BEGIN"
+                f" IF NEW.step = {step} THEN RAISE EXCEPTION 'refused by the test' USING ERRCODE = '22003';"
+                " END IF; RETURN NEW; END $$ LANGUAGE plpgsql"
+            )
+            c.exec_driver_sql(
+                "CREATE TRIGGER refuse_step BEFORE INSERT ON step_records"
+                " FOR EACH ROW EXECUTE FUNCTION refuse_step()"
+            )
+        else:
+            c.exec_driver_sql(
+                f"CREATE TRIGGER refuse_step BEFORE INSERT ON step_records WHEN NEW.step = {step}"
+                " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+            )
+
+
 def test_a_batch_the_database_refuses_is_refused_for_good_and_the_next_is_stored(
     server: BackgroundServer, stub: pb_grpc.IngestStub
 ) -> None:
-    # Valid protobuf that passes validation, but a counter past the signed 64-bit column: the
-    # database refuses it every time. Resent forever, it would hold back every newer record.
+    # Valid protobuf that passes validation, but the database refuses it every time. Resent
+    # forever, it would hold back every newer record.
     job = f.new_job_id()
     steps = f.dp_job_steps(1, range(4))[0]
+    _refuse_step(server, 1)
     bad = f.batch(job, 0, 1, seq=1, steps=steps[:2])
-    bad.counters.dropped_records = 2**64 - 1
     ack = stub.Push(bad)
     assert (ack.accepted, ack.rejected) == (0, 2)
     assert [(r.kind, r.reason) for r in ack.rejections] == [("batch", "storage_refused")]
@@ -313,14 +336,16 @@ def test_a_step_table_is_stored_like_the_same_records_sent_as_messages(
     assert _metric(server, "smon_ingest_records_total", kind="step") == 40
 
 
-def test_a_batch_declaring_billions_of_records_gets_one_counted_refusal(
+def test_a_table_declaring_billions_of_records_gets_one_counted_refusal(
     server: BackgroundServer, stub: pb_grpc.IngestStub
 ) -> None:
     """Found by test_grpc_fuzz.py: the server was OOM-killed building a rejection per declared
-    record, and the whole-batch Ack's count overflowed its uint32 (an UNKNOWN status)."""
+    record, and the whole-batch Ack's count overflowed its uint32 (an UNKNOWN status). The table
+    is refused in one rejection; the record sent beside it as a message is stored."""
     b = f.batch(f.new_job_id(), 0, 1, steps=[f.dp_step(1, start=f.T0)])
     b.step_table.records = 2**32 - 1
     ack = stub.Push(b)
-    assert (ack.accepted, ack.rejected) == (0, 2**32 - 1)
-    assert [(r.kind, r.reason) for r in ack.rejections] == [("batch", "batch_too_large")]
-    assert _metric(server, "smon_ingest_rejected_total", reason="batch_too_large") == 1
+    assert ack.accepted == 1
+    assert [(r.kind, r.reason) for r in ack.rejections] == [("step_table", "bad_table")]
+    assert _metric(server, "smon_ingest_rejected_total", reason="bad_table") == 1
+    assert _count(server, StepRecord) == 1

@@ -107,13 +107,35 @@ def test_unknown_fields_are_counted_not_fatal() -> None:
 
 
 # -- found by tests/ingest/test_grpc_fuzz.py ---------------------------------------------------------
-def test_a_table_declaring_billions_of_records_is_refused_whole_at_once() -> None:
-    """It once built a rejection per declared record: 3 M records cost 1.6 GB and 5 s, 2^32 an OOM kill."""
+def test_a_table_declaring_billions_of_records_is_one_rejection_at_once() -> None:
+    """It once built a rejection per declared record: 3 M records cost 1.6 GB and 5 s, 2^32 an OOM
+    kill. The records sent beside the table as messages are kept."""
     b = _batch_with([good(0)])
     b.step_table.records = 2**32 - 1
+    out = v.validate_batch(b, LIMITS)
+    assert out.steps.step.tolist() == [0]
+    assert [(r.kind, r.index, r.reason) for r in out.rejections] == [("step_table", -1, v.BAD_TABLE)]
+
+
+def test_messages_and_samples_past_twice_the_limit_are_refused_whole() -> None:
+    b = _batch_with([good(i) for i in range(2 * LIMITS.max_batch_records + 1)])
     with pytest.raises(v.BatchRejected) as refused:
         v.validate_batch(b, LIMITS)
     assert refused.value.reason == v.BATCH_TOO_LARGE
+
+
+def test_a_refused_records_span_kind_is_not_named_to_the_store() -> None:
+    """Found by the fuzz on PostgreSQL: a refused record's too-long or NUL kind still went into
+    the batch's kind names, and the kind dictionary's column refused the whole group."""
+    bad = good(1)
+    bad.spans[0].kind = "k" * 129
+    worse = good(2)
+    worse.spans[0].kind = "for\x00ward"
+    out = v.validate_batch(_batch_with([good(0), bad, worse]), LIMITS)
+    assert out.steps.step.tolist() == [0]
+    assert all(v.good_name(k) for k in out.steps.kind_names)
+    stored = sorted(out.steps.kind_names[k] for k in out.steps.span_kind)
+    assert stored == sorted(s.kind for s in good(0).spans)
 
 
 def test_a_malformed_table_within_the_limit_is_one_rejection() -> None:

@@ -284,3 +284,44 @@ def test_skipped_steps_give_the_table_without_their_rows(
                 listed += 1
     assert checked == 24 and listed >= 2
     assert got.ops is not None and "checkpoint" not in got.ops.op_types
+
+
+def test_a_cold_build_chunks_the_steps_that_exist(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps numbered by samples (every 1,000th) and then far ahead (a jump of 10^12, as a
+    fuzzed or restored job may send): the chunked build reads one chunk per `COLD_CHUNK_STEPS`
+    steps that exist, not one per that many step numbers (10^10 chunks, an out-of-memory kill
+    before), and gives the table one read gives."""
+    settings: Settings = server_settings(db.url, analysis_window_steps=60, warmup_steps=3)
+    monkeypatch.setattr(analysis, "_cache", None)
+    settings = settings.model_copy(update={"analysis_cache_mb": 0})
+    job_id = f.new_job_id("sparse")
+    records, origin = _steps(0, 70, f.T0)
+    numbers = [1000 * i if i < 50 else 10**12 + 1000 * i for i in range(70)]
+    for recs in records.values():
+        for rec in recs:
+            rec.step = numbers[rec.step]
+    batches = [f.batch(job_id, r, RANKS, steps=records[r]) for r in range(RANKS)]
+    write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
+    reads: list[tuple[int | None, int | None]] = []
+    real_read = window_ops_module.read_window
+
+    def counted(**kwargs: Any) -> Any:
+        reads.append((kwargs.get("from_step"), kwargs.get("to_step")))
+        return real_read(**kwargs)
+
+    monkeypatch.setattr(window_ops_module, "read_window", counted)
+    results = []
+    for chunk in (10_000, 8):
+        monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
+        monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
+        reads.clear()
+        with db.session() as session:
+            job = session.get(Job, (job_id, 1))
+            assert job is not None
+            results.append(
+                _comparable(analysis.analyze_job(session=session, job=job, settings=settings, now=origin))
+            )
+    assert results[0] == results[1]
+    assert len(reads) == math.ceil(61 / 8)  # 60 window steps and the one before them
+    summary = results[0]["summary"]
+    assert (summary["from_step"], summary["to_step"]) == (numbers[10], numbers[69])

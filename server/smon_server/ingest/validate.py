@@ -87,7 +87,8 @@ def validate_batch(batch: pb.Batch, limits: Limits) -> ValidBatch:
         raise BatchRejected(BAD_CLOCK_OFFSET, f"clock_offset {offset!r} is not a plausible offset")
     # Declared counts are checked before anything is built from them: a StepTable saying it holds
     # four billion records must cost one comparison, not a rejection per record.
-    declared = len(batch.steps) + batch.step_table.records + len(batch.gpu_samples)
+    table_refused = batch.step_table.records > 2 * limits.max_batch_records
+    declared = len(batch.steps) + len(batch.gpu_samples) + (0 if table_refused else batch.step_table.records)
     if declared > 2 * limits.max_batch_records:
         raise BatchRejected(
             BATCH_TOO_LARGE,
@@ -107,7 +108,10 @@ def validate_batch(batch: pb.Batch, limits: Limits) -> ValidBatch:
     out.unknown_fields = _count_unknown(batch)
 
     columns = record_columns.from_rows(batch.steps)
-    if batch.HasField("step_table"):
+    if table_refused:  # the records sent as messages beside it are still taken
+        detail = f"{batch.step_table.records} records declared, more than twice max_batch_records"
+        out.rejections.append(_reject("step_table", -1, BAD_TABLE, detail))
+    elif batch.HasField("step_table"):
         try:
             columns = RecordColumns.concat(columns, record_columns.from_table(batch.step_table))
         except record_columns.MalformedTable as exc:  # one refusal for the table, not one per record
@@ -264,6 +268,12 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
     order = np.lexsort((-s_duration, rel_start, span_record))  # an enclosing span before its contents
     order = order[span_keep[order]]
     kept_records = np.flatnonzero(keep).tolist()
+    # Only the kinds of kept spans are named to the store: a refused record's kind (too long, a
+    # NUL) must not reach the kind dictionary, whose column would refuse the whole group.
+    kept_kind = cols.span_kind[order]
+    present = np.bincount(kept_kind, minlength=len(cols.kinds)) > 0
+    used = np.flatnonzero(present)
+    span_kind = (np.cumsum(present) - 1)[kept_kind]
     block = StepBlock(
         step=step[keep],
         start_time=start[keep] + offset,
@@ -271,8 +281,8 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
         gc_count=np.minimum(cols.gc_count, codec.MAX_GC_COUNT).astype(np.int64)[keep],
         gc_seconds=gc_seconds[keep],
         span_offsets=np.r_[0, np.cumsum(np.bincount(span_record[order], minlength=n)[keep])].astype(np.int64),
-        kind_names=tuple(cols.kinds),
-        span_kind=cols.span_kind[order],
+        kind_names=tuple(cols.kinds[i] for i in used.tolist()),
+        span_kind=span_kind.astype(np.int64),
         span_start=rel_start[order],
         span_duration=s_duration[order],
         span_microbatch=cols.span_microbatch[order],

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from smon_server.columns import StepColumns
 from smon_server.store.models import Agent, Job, StepRecord
+from smon_server.store.queries import newest_steps
 from smon_server.store.step_window import read_window
 from smon_server.whatif.from_steps import build_labelled_op_table, complete_steps
 from smon_server.whatif.merge import HostLabels, drop_unused_types, join_tables, merge_tables
@@ -176,7 +177,9 @@ def _cold(
     workers, last_seen = _window_workers(session, job, lo - 1, hi)
     if not workers.size:
         return None
-    bounds = [(a, min(a + COLD_CHUNK_STEPS - 1, hi)) for a in range(lo - 1, hi + 1, COLD_CHUNK_STEPS)]
+    bounds = chunk_bounds(newest_steps(session=session, job=job, lo=lo - 1, hi=hi)[::-1], COLD_CHUNK_STEPS)
+    if not bounds:
+        return None
     pieces: list[_Entry] = []  # each chunk's new complete steps, joined once at the end
     carry: StepColumns | None = None  # records from the newest complete step on, for the next chunk
     for (a, _), records in zip(bounds, _read_chunks(session, job, bounds), strict=True):
@@ -219,6 +222,13 @@ def _cold(
         row_steps=row_steps,
         type_newest=_newest_by_type(ops, newest),
     )
+
+
+def chunk_bounds(steps: Sequence[int], size: int) -> list[tuple[int, int]]:
+    """[first, last] step of each run of `size` of the ascending distinct `steps`: chunks by the
+    steps that exist, not by step numbers (a job numbering its steps by samples, or a restored
+    one, would make ranges of numbers that are almost all empty, or billions of them)."""
+    return [(steps[i], steps[min(i + size, len(steps)) - 1]) for i in range(0, len(steps), size)]
 
 
 def _newest_by_type(ops: OpTable, parts: list[tuple[tuple[str, ...], np.ndarray]]) -> np.ndarray:

@@ -328,28 +328,38 @@ def resolve_window(
     `default_last`)."""
     if window.from_step is not None or window.to_step is not None:
         return window.from_step, window.to_step
-    key = job.key
-    # Steps need not be contiguous (resumed jobs): the N-th newest distinct step, found by
-    # hopping down the (job_key, step, ...) key one distinct step at a time instead of reading
-    # every rank's record of every step.
-    found = (
-        session.execute(
-            text(
-                "WITH RECURSIVE s(step) AS ("
-                " SELECT max(step) FROM step_records WHERE job_key = :k"
-                " UNION ALL"
-                " SELECT (SELECT max(r.step) FROM step_records r WHERE r.job_key = :k AND r.step < s.step)"
-                " FROM s WHERE s.step IS NOT NULL"
-                ") SELECT step FROM s WHERE step IS NOT NULL LIMIT :n"
-            ),
-            {"k": key, "n": window.last or default_last},
-        )
-        .scalars()
-        .all()
-    )
+    found = newest_steps(session=session, job=job, limit=window.last or default_last)
     if not found:
         return None, None
     return int(min(found)), int(max(found))
+
+
+def newest_steps(
+    *, session: Session, job: Job, limit: int | None = None, lo: int | None = None, hi: int | None = None
+) -> list[int]:
+    """The job attempt's distinct steps in [lo, hi] (either bound open when None), newest first,
+    at most `limit` of them.
+
+    Steps need not be contiguous (resumed jobs, scripts that number steps by samples): they are
+    found by hopping down the (job_key, step, ...) key one distinct step at a time, not by
+    reading every rank's record of every step, nor by counting through the range of numbers."""
+    params: dict[str, int] = {"k": job.key, "lo": lo if lo is not None else -(2**63)}
+    top = ""
+    if hi is not None:
+        top, params["hi"] = " AND step <= :hi", hi
+    found = session.execute(
+        text(
+            "WITH RECURSIVE s(step) AS ("
+            f" SELECT max(step) FROM step_records WHERE job_key = :k{top}"
+            " UNION ALL"
+            " SELECT (SELECT max(r.step) FROM step_records r WHERE r.job_key = :k AND r.step < s.step)"
+            " FROM s WHERE s.step IS NOT NULL AND s.step > :lo"
+            ") SELECT step FROM s WHERE step IS NOT NULL AND step >= :lo"
+            + (" LIMIT :n" if limit is not None else "")
+        ),
+        {**params, **({"n": limit} if limit is not None else {})},
+    )
+    return [int(step) for step in found.scalars()]
 
 
 def restart_steps(*, session: Session, job: Job) -> list[int]:
