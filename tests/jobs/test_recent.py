@@ -44,6 +44,10 @@ def test_recent_stretch_is_the_last_seconds_but_never_too_few_steps() -> None:
     assert _recent_from(slow, seconds=15, min_steps=5) == 95
     assert _recent_from(times, seconds=500, min_steps=5) is None  # the whole window already
     assert _recent_from(times[:5], seconds=15, min_steps=5) is None
+    fast = [(s, 100.0 + 0.04 * s, 100.04 + 0.04 * s) for s in range(500)]  # 40 ms steps
+    assert _recent_from(fast, seconds=15, min_steps=5) in (124, 125)  # the newest ~375 steps
+    assert _recent_from(fast, seconds=15, min_steps=5, max_steps=50) == 450  # but at most 50
+    assert _recent_from(slow, seconds=15, min_steps=5, max_steps=50) == 95  # the minimum is kept
 
 
 def _long_step_job(ranks: int, steps: int, extra: float, onset: int) -> DdpJob:

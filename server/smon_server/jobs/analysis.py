@@ -139,7 +139,12 @@ def analyze_job(
     analysed_ok = analysis.result is not None
     analysis.result = None  # not trimmed here: the recent run reuses the freed heap (trimming
     # it cost ~0.5 CPU s of page faults for ~0.1 GB of peak)
-    recent_from = _recent_from(times, settings.recent_seconds, settings.recent_min_steps)
+    recent_from = _recent_from(
+        times,
+        settings.recent_seconds,
+        settings.recent_min_steps,
+        max(settings.recent_min_steps, settings.recent_max_steps),
+    )
     if ops is not None and analysed_ok and recent_from is not None:
         summary["recent"] = live.recent_stragglers(
             ops,
@@ -248,15 +253,20 @@ def restate_result(row: AnalysisResult, result: dict[str, Any]) -> None:
     row.summary = {**(row.summary or {}), "state": result["state"]}
 
 
-def _recent_from(times: Sequence[tuple[int, float, float]], seconds: float, min_steps: int) -> int | None:
+def _recent_from(
+    times: Sequence[tuple[int, float, float]], seconds: float, min_steps: int, max_steps: int | None = None
+) -> int | None:
     """First step of the recent stretch: the steps that ended within `seconds` of the newest, at
-    least `min_steps` of them; None when that is the whole window (the window's answer stands)."""
+    least `min_steps` and at most `max_steps` of them; None when that is the whole window (the
+    window's answer stands)."""
     if len(times) <= min_steps:
         return None
     newest = max(end for _, _, end in times)
     ordered = sorted(times)
     recent = [step for step, _, end in ordered if end >= newest - seconds]
     first = min(recent[0] if recent else ordered[-1][0], ordered[-min_steps][0])
+    if max_steps is not None and len(ordered) > max_steps:
+        first = max(first, ordered[-max_steps][0])
     return None if first <= ordered[0][0] else first
 
 
