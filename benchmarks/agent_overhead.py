@@ -1,7 +1,10 @@
 """Per-step overhead of the SMon agent beside NVIDIA's straggler detector (prints figures; asserts nothing).
 
-Four variants run in interleaved blocks in one run, each round in a rotated order, so drift and the
-machine's noise fall on all of them alike:
+Four variants of the same loop, each its own copy of model, optimizer and data loader set up once
+(SMon attached, the NVIDIA detector initialised), run in short interleaved blocks, many rounds,
+each round in a rotated order: this VM's speed drifts by ±10-20% over seconds, and blocks of a
+few steps of each variant back to back put that drift on all of them alike. (Long blocks with an
+attach per block, as this benchmark first did, gave an A/A control spanning -15% .. +20%.)
 
 - `none`: the training loop as a user writes it;
 - `smon`: the same loop after `smon.attach(model, optimizer, dataloader)`, shipping to a real
@@ -18,19 +21,21 @@ Figures:
 
 1. Training-thread cost on a tiny single-process loop (8-wide MLP, batch 1, DataLoader, Adam), where
    the monitors' per-step work is all there is to time: training-thread CPU (`thread_time`) and
-   wall clock per step (both means over the block), each minus the same round's `none` block,
-   median and range over rounds.
+   wall clock per step (means over the block), each minus the same round's `none` block, median
+   and interquartile range over rounds.
 2. Step time on a 2-rank gloo DDP job (spawned here, one intra-op thread per rank, MLP sized to a
-   ~20 ms step): per block the median step on rank 0, ratio to the same round's `none` block, median
-   and range over rounds.
+   ~20 ms step, each variant its own DDP model): per block the median step on rank 0, over the
+   same round's `none` block, median and interquartile range over rounds.
 3. The agent's CPU off the training thread (its feeder thread in the training process; its shipper
-   process), per step of the tiny loop, from /proc.
+   process), per step of the tiny loop, from /proc, measured on its own before the rounds (during
+   them SMon's background threads run beside every variant, so they show in none of figures 1-2:
+   that is what this figure is for).
 
 nvidia-resiliency-ext (0.4.1 is the release the issue measured) is optional and not needed by
 `make test`; install it without its dependencies, which would otherwise pull a CUDA torch:
 
     .venv/bin/pip install --no-deps nvidia-resiliency-ext==0.4.1
-    .venv/bin/python benchmarks/agent_overhead.py [--rounds 10] [--ddp-rounds 8]
+    .venv/bin/python benchmarks/agent_overhead.py [--rounds 300] [--ddp-rounds 80]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import multiprocessing as mp
 import os
 import socket
@@ -199,22 +205,50 @@ def nvidia_detector() -> Any | None:
     return Detector
 
 
-class Loop:
-    """One training loop run as each variant: `block(variant)` → seconds of each timed step."""
+class Variants:
+    """The same training loop four times over, one copy per variant, each set up once: SMon stays
+    attached to its copy and the NVIDIA detector initialised, so blocks of a few steps of each can
+    alternate many times (the machine's drift, ±10-20% over seconds on this VM, falls on all of
+    them alike) without an attach or a shipper start per block."""
 
-    def __init__(self, model: Any, optimizer: Any, loader: Any, *, server: str, steps: int) -> None:
-        self.model, self.optimizer, self.loader = model, optimizer, loader
-        self.server, self.steps = server, steps
+    def __init__(self, make: Callable[[], tuple[Any, Any, Any]], *, server: str) -> None:
+        self.loops = {variant: make() for variant in VARIANTS}
         self.detector = nvidia_detector()
+        self.mon: Any = None
+        self.server = server
 
-    def _steps(self, n: int, section: Callable[[str], Any] | None) -> list[float]:
+    def start(self) -> None:
+        import smon
+
+        model, optimizer, loader = self.loops["smon"]
+        self.mon = smon.attach(
+            model, optimizer, loader, server=self.server, job="bench-overhead", nvml_interval=5.0
+        )
+        if self.detector is not None:
+            self.detector.initialize(scores_to_compute="all", gather_on_rank0=False)
+        wait_until_shipping(self.mon)  # steady state: the shipper process's start-up is a one-off
+
+    def stop(self) -> None:
+        if self.mon is not None:
+            self.mon.close()
+        if self.detector is not None:
+            self.detector.shutdown()
+
+    def block(self, variant: str, n: int) -> tuple[float, float, float]:
+        """`n` steps of `variant`: (mean and median step seconds, training-thread CPU s per step)."""
         import torch
 
+        section = None
+        if variant == "nvidia":
+            if self.detector is None:
+                return math.nan, math.nan, math.nan
+            section = self.detector.detection_section
+        model, optimizer, loader = self.loops[variant]
         times: list[float] = []
-        model, optimizer = self.model, self.optimizer
+        cpu = time.thread_time()
         while len(times) < n:
             started = time.perf_counter()
-            for x, y in self.loader:
+            for x, y in loader:
                 if section is None:
                     loss = torch.nn.functional.mse_loss(model(x), y)
                     loss.backward()
@@ -232,82 +266,48 @@ class Loop:
                 started = now
                 if len(times) == n:
                     break
-        return times
-
-    def block(self, variant: str) -> tuple[list[float], float]:
-        """(seconds of each timed step, training-thread CPU seconds of the timed steps)."""
-        section = None
-        mon: Any = None
-        if variant == "smon":
-            import smon
-
-            mon = smon.attach(
-                self.model,
-                self.optimizer,
-                self.loader,
-                server=self.server,
-                job="bench-overhead",
-                nvml_interval=5.0,
-            )
-        elif variant == "nvidia":
-            if self.detector is None:
-                return [], 0.0
-            self.detector.initialize(scores_to_compute="all", gather_on_rank0=False)
-            section = self.detector.detection_section
-        try:
-            # Un-timed steps first: after attach the loop has been idle, and on this VM an idle
-            # pause alone makes the next steps slower; every variant therefore starts warm.
-            self._steps(WARMUP_STEPS, section)
-            if mon is not None:
-                wait_until_shipping(mon)  # steady state: the shipper process's start-up is a one-off
-                self._steps(WARMUP_STEPS, section)
-            cpu = time.thread_time()
-            times = self._steps(self.steps, section)
-            return times, time.thread_time() - cpu
-        finally:
-            if mon is not None:
-                mon.close()
-            if variant == "nvidia" and self.detector is not None:
-                self.detector.shutdown()
+        cpu = time.thread_time() - cpu
+        return sum(times) / n, statistics.median(times), cpu / n
 
 
 def rounds_of(
-    loop: Loop, rounds: int, on_round: Callable[[int], None] | None = None, *, mean: bool = False
-) -> dict[str, list[tuple[float, float]]]:
-    """Per variant, per round: (median — or mean — step seconds, training-thread CPU seconds per step)."""
-    out: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+    variants: Variants, rounds: int, steps: int, on_round: Callable[[int], None] | None = None
+) -> dict[str, list[tuple[float, float, float]]]:
+    """Per variant, per round: `Variants.block`'s figures, each round in a rotated order."""
+    out: dict[str, list[tuple[float, float, float]]] = {v: [] for v in VARIANTS}
     for r in range(rounds):
         if on_round is not None:
             on_round(r)
         order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
         for variant in order:
-            times, cpu = loop.block(variant)
-            if times:
-                wall = sum(times) / len(times) if mean else statistics.median(times)
-                out[variant].append((wall, cpu / len(times)))
+            out[variant].append(variants.block(variant, steps))
     return out
 
 
 def spread(values: list[float], fmt: str) -> str:
-    mid, lo, hi = (format(v, fmt) for v in (statistics.median(values), min(values), max(values)))
-    return f"{mid} (range {lo} .. {hi})"
+    """Median and interquartile range."""
+    values = [v for v in values if not math.isnan(v)]
+    if len(values) < 2:
+        return "n/a"
+    q1, mid, q3 = statistics.quantiles(values, n=4)
+    return f"{format(mid, fmt)} (IQR {format(q1, fmt)} .. {format(q3, fmt)})"
 
 
-def report_tiny(results: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+def report_tiny(results: dict[str, list[tuple[float, float, float]]]) -> dict[str, float]:
     """Per variant: µs per step over `none` of the same round (CPU and wall); returns CPU medians."""
     base = results["none"]
     print(
-        f"  none: {statistics.median(w for w, _ in base) * 1e6:.1f} µs per step wall, "
-        f"{statistics.median(c for _, c in base) * 1e6:.1f} µs training-thread CPU"
+        f"  none: {statistics.median(w for w, _, _ in base) * 1e6:.1f} µs per step wall, "
+        f"{statistics.median(c for _, _, c in base) * 1e6:.1f} µs training-thread CPU"
     )
     medians: dict[str, float] = {}
     for variant in VARIANTS[1:]:
         rows = results[variant]
-        if not rows:
+        if all(math.isnan(c) for _, _, c in rows):
             print(f"  {variant:6s}: n/a (pip install --no-deps nvidia-resiliency-ext==0.4.1)")
             continue
-        cpu = [(c - b[1]) * 1e6 for (_, c), b in zip(rows, base, strict=False)]
-        wall = [(w - b[0]) * 1e6 for (w, _), b in zip(rows, base, strict=False)]
+        cpu = [(c - b[2]) * 1e6 for (_, _, c), b in zip(rows, base, strict=True)]
+        wall = [(w - b[0]) * 1e6 for (w, _, _), b in zip(rows, base, strict=True)]
         medians[variant] = statistics.median(cpu)
         print(
             f"  {variant:6s}: training-thread CPU {spread(cpu, '+.1f')} µs/step; "
@@ -316,26 +316,26 @@ def report_tiny(results: dict[str, list[tuple[float, float]]]) -> dict[str, floa
     return medians
 
 
-def report_ddp(results: dict[str, list[tuple[float, float]]]) -> None:
+def report_ddp(results: dict[str, list[tuple[float, float, float]]]) -> None:
     base = results["none"]
-    print(f"  none: median step {statistics.median(w for w, _ in base) * 1e3:.2f} ms")
+    print(f"  none: median step {statistics.median(m for _, m, _ in base) * 1e3:.2f} ms")
     for variant in VARIANTS[1:]:
         rows = results[variant]
-        if not rows:
+        if all(math.isnan(m) for _, m, _ in rows):
             print(f"  {variant:6s}: n/a")
             continue
-        ratios = [w / b[0] for (w, _), b in zip(rows, base, strict=False)]
-        over = [100 * (r - 1) for r in ratios]
-        cpu = [(c - b[1]) * 1e6 for (_, c), b in zip(rows, base, strict=False)]
+        over = [100 * (m / b[1] - 1) for (_, m, _), b in zip(rows, base, strict=True)]
+        cpu = [(c - b[2]) * 1e6 for (_, _, c), b in zip(rows, base, strict=True)]
         print(
-            f"  {variant:6s}: step time ratio {spread(ratios, '.4f')}, i.e. {spread(over, '+.2f')} %; "
+            f"  {variant:6s}: step time {spread(over, '+.2f')} % over none; "
             f"training-thread CPU {spread(cpu, '+.0f')} µs/step"
         )
 
 
 # -- DDP ------------------------------------------------------------------------------------------
 def ddp_rank(rank: int, port: int, server: str, rounds: int, steps: int, width: int, out: Any) -> None:
-    """One rank of the 2-rank gloo job: calibrate a ~20 ms step, then the interleaved rounds."""
+    """One rank of the 2-rank gloo job: calibrate a ~20 ms step, then the interleaved rounds (both
+    ranks run the same variant at the same time: each copy is its own DDP model)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -347,26 +347,30 @@ def ddp_rank(rank: int, port: int, server: str, rounds: int, steps: int, width: 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
 
-    def loop_for(batch: int) -> Loop:
-        model, optimizer, loader = make_loop(width, batch, 16)
+    def ddp_loop(batch: int) -> tuple[Any, Any, Any]:
+        model, _, loader = make_loop(width, batch, 16)
         ddp = DDP(model)
-        optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-5)
-        return Loop(ddp, optimizer, loader, server=server, steps=steps)
+        return ddp, torch.optim.Adam(ddp.parameters(), lr=1e-5), loader
 
     best, gap = 8, float("inf")
     for batch in (4, 8, 16, 24, 32, 48, 64, 96, 128):
-        loop = loop_for(batch)
-        loop._steps(3, None)
-        ms = torch.tensor([statistics.median(loop._steps(20, None)) * 1e3])
+        model, optimizer, loader = ddp_loop(batch)
+        run_block(model, optimizer, loader, 3)
+        ms = torch.tensor([statistics.median(run_block(model, optimizer, loader, 20)) * 1e3])
         dist.all_reduce(ms)  # both ranks decide on the same figures
         ms_mean = float(ms[0]) / 2
         if abs(ms_mean - TARGET_STEP_MS) < gap:
             best, gap = batch, abs(ms_mean - TARGET_STEP_MS)
         if ms_mean > 1.3 * TARGET_STEP_MS:
             break
-    loop = loop_for(best)
-    loop._steps(10, None)
-    results = rounds_of(loop, rounds, on_round=lambda r: dist.barrier())
+    variants = Variants(lambda: ddp_loop(best), server=server)
+    variants.start()
+    try:
+        for variant in VARIANTS:
+            variants.block(variant, WARMUP_STEPS)
+        results = rounds_of(variants, rounds, steps, on_round=lambda r: dist.barrier())
+    finally:
+        variants.stop()
     if rank == 0:
         out.put((best, results))
     dist.barrier()
@@ -381,7 +385,7 @@ def free_port() -> int:
 
 def run_ddp(
     server: str, rounds: int, steps: int, width: int
-) -> tuple[int, dict[str, list[tuple[float, float]]]]:
+) -> tuple[int, dict[str, list[tuple[float, float, float]]]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
@@ -398,10 +402,10 @@ def run_ddp(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10, help="rounds of the tiny loop (4 blocks each)")
-    parser.add_argument("--tiny-steps", type=int, default=1000, help="steps per tiny-loop block")
-    parser.add_argument("--ddp-rounds", type=int, default=8, help="rounds of the DDP job (0: skip it)")
-    parser.add_argument("--ddp-steps", type=int, default=40, help="steps per DDP block")
+    parser.add_argument("--rounds", type=int, default=300, help="rounds of the tiny loop (4 blocks each)")
+    parser.add_argument("--tiny-steps", type=int, default=50, help="steps per tiny-loop block")
+    parser.add_argument("--ddp-rounds", type=int, default=80, help="rounds of the DDP job (0: skip it)")
+    parser.add_argument("--ddp-steps", type=int, default=10, help="steps per DDP block")
     parser.add_argument("--width", type=int, default=512, help="MLP width of the DDP job")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -421,35 +425,39 @@ def main() -> None:
             f"server (separate process) at {server}; NVIDIA detector: "
             + ("nvidia-resiliency-ext, CUPTI stubbed" if nvidia is not None else "not installed")
         )
-        tiny_model, tiny_optimizer, tiny_loader = make_loop(8, 1, 64)
-        tiny = Loop(tiny_model, tiny_optimizer, tiny_loader, server=server, steps=args.tiny_steps)
-        tiny._steps(300, None)
-        print(
-            f"1) tiny loop, {args.tiny_steps} steps per block, {args.rounds} rounds; "
-            "cost over `none`, median (range):"
-        )
-        cpu = report_tiny(rounds_of(tiny, args.rounds, mean=True))
+        print("3) SMon's CPU off the training thread, 10000 tiny steps (measured first, on its own)")
+        in_process = shipper = math.nan
+        if os.path.isdir("/proc/self/task"):
+            in_process, shipper = background_cpu_per_step(*make_loop(8, 1, 64), steps=10_000, server=server)
+            print(f"  feeder + NVML threads (training process): {in_process * 1e6:.1f} µs per step")
+            print(f"  shipper process (batching, gRPC):          {shipper * 1e6:.1f} µs per step")
+        else:
+            print("  n/a (needs /proc)")
+
+        tiny = Variants(lambda: make_loop(8, 1, 64), server=server)
+        tiny.start()
+        try:
+            for variant in VARIANTS:
+                tiny.block(variant, 300)
+            print(
+                f"1) tiny loop, {args.rounds} rounds of {args.tiny_steps}-step blocks per variant; "
+                "cost over the same round's `none`, median (interquartile range):"
+            )
+            cpu = report_tiny(rounds_of(tiny, args.rounds, args.tiny_steps))
+        finally:
+            tiny.stop()
+        if "smon" in cpu and not math.isnan(in_process):
+            total = cpu["smon"] * 1e-6 + in_process + shipper
+            print(f"  all of SMon's CPU at a 20 ms step: {100 * total / 0.020:.2f}% of one core")
 
         if args.ddp_rounds:
             batch, ddp = run_ddp(server, args.ddp_rounds, args.ddp_steps, args.width)
             print(
-                f"2) 2-rank gloo DDP, MLP {args.width}x3 + Adam, batch {batch} per rank, {args.ddp_steps} "
-                f"steps per block, {args.ddp_rounds} rounds; rank 0, ratio to `none`, median (range):"
+                f"2) 2-rank gloo DDP, MLP {args.width}x3 + Adam, batch {batch} per rank, {args.ddp_rounds} "
+                f"rounds of {args.ddp_steps}-step blocks per variant; rank 0, median step over the same "
+                "round's `none`, median (interquartile range):"
             )
             report_ddp(ddp)
-
-        print("3) SMon's CPU off the training thread, 10000 tiny steps")
-        if not os.path.isdir("/proc/self/task"):
-            print("  n/a (needs /proc)")
-            return
-        in_process, shipper = background_cpu_per_step(
-            tiny_model, tiny_optimizer, tiny_loader, steps=10_000, server=server
-        )
-        print(f"  feeder + NVML threads (training process): {in_process * 1e6:.1f} µs per step")
-        print(f"  shipper process (batching, gzip, gRPC):    {shipper * 1e6:.1f} µs per step")
-        if "smon" in cpu:
-            total = cpu["smon"] * 1e-6 + in_process + shipper
-            print(f"  all of SMon's CPU at a 20 ms step: {100 * total / 0.020:.2f}% of one core")
     finally:
         stop.set()
         server_process.join(5)
