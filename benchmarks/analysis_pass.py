@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -483,7 +484,12 @@ def main() -> None:
                 same = (
                     ""
                     if not was
-                    else ("yes" if was["slowdown"] == one["slowdown"] else f"{was['slowdown']:.6g}")
+                    # the same up to float summation order (one build against chunks: ~1e-10)
+                    else (
+                        "yes"
+                        if math.isclose(was["slowdown"], one["slowdown"], rel_tol=1e-8)
+                        else f"{was['slowdown']:.6g}"
+                    )
                 )
                 ratio = f"{one['cpu'] / was['cpu']:>7.2f}" if was else f"{'':>7}"
                 print(
