@@ -7,36 +7,61 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
+_GIVEN: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on now, and one this process has not handed out before (two calls
+    in a row may otherwise get the same one back from the kernel, and one server cannot bind it
+    twice)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def start_server(
     database_url: str, http: int, grpc: int, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start `smon server` on fixed ports and wait until /readyz answers."""
+    """Start `smon server` on fixed ports and wait until /readyz answers. Its output goes to a
+    file that a failure to start quotes (a busy port, a migration that failed)."""
     smon = Path(sys.executable).parent / "smon"
+    log = tempfile.NamedTemporaryFile(prefix="smon-server-", suffix=".log", delete=False)  # noqa: SIM115
     process = subprocess.Popen(
         [str(smon), "server", "--db", database_url, "--http-port", str(http), "--grpc-port", str(grpc)],
         env={**os.environ, **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
-    deadline = time.monotonic() + 60
+    log.close()
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(
+                f"smon server exited ({process.returncode}) before it was ready:\n{_tail(log.name)}"
+            )
         try:
             if httpx.get(f"http://127.0.0.1:{http}/readyz", timeout=2).status_code == 200:
+                os.unlink(log.name)  # the server writes on to the unlinked file: nothing left behind
                 return process
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
     process.kill()
-    raise AssertionError("smon server did not become ready")
+    raise AssertionError(f"smon server did not become ready within 90 s:\n{_tail(log.name)}")
+
+
+def _tail(path: str, lines: int = 40) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
