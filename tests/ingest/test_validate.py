@@ -193,3 +193,20 @@ def test_a_span_starting_far_from_its_step_is_absurd() -> None:
     bad.spans[0].start = -1e300  # stored as a float32 offset from the step start: -inf
     out = v.validate_batch(_batch_with([good(0), bad]), LIMITS)
     assert [(r.index, r.reason) for r in out.rejections] == [(1, v.ABSURD_DURATION)]
+
+
+def test_spans_sent_out_of_order_are_stored_as_spans_sent_in_order() -> None:
+    """The store keeps each record's spans by start, an enclosing span before its contents; agents
+    send them so (validation then skips its sort), and any other order gives the same block."""
+    in_order = [good(i) for i in range(4)]
+    shuffled = [good(i) for i in range(4)]
+    for record in shuffled:
+        spans = list(record.spans)
+        record.ClearField("spans")
+        record.spans.extend(reversed(spans))
+    a = v.validate_batch(_batch_with(in_order), LIMITS).steps
+    b = v.validate_batch(_batch_with(shuffled), LIMITS).steps
+    assert a.span_offsets.tolist() == b.span_offsets.tolist()
+    assert a.span_start.tolist() == b.span_start.tolist()
+    assert [a.kind_names[k] for k in a.span_kind] == [b.kind_names[k] for k in b.span_kind]
+    assert sorted(a.span_start[: a.span_offsets[1]]) == a.span_start[: a.span_offsets[1]].tolist()

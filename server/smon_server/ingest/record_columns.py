@@ -52,7 +52,7 @@ class RecordColumns:
     bad_span: np.ndarray
     sum_sq: np.ndarray  # float64 [records], the step's Σ len² (0 without)
     seq: list[SeqRow | None]
-    microbatch_seq: list[list[MicrobatchRow]]
+    microbatch_seq: list[Sequence[MicrobatchRow]]
 
     def __len__(self) -> int:
         return int(self.step.shape[0])
@@ -115,7 +115,7 @@ def from_rows(records: Sequence[pb.StepRecord]) -> RecordColumns:
     # A sub-message is a new Python object on every access: touch `seq` only where it is set.
     seq: list[SeqRow | None] = [None] * n
     sum_sq = np.zeros(n, dtype=np.float64)
-    microbatch_seq: list[list[MicrobatchRow]] = [[] for _ in range(n)]
+    microbatch_seq: list[Sequence[MicrobatchRow]] = [[] for _ in range(n)]
     for i, record in enumerate(records):
         if record.HasField("seq"):
             q = record.seq
@@ -232,10 +232,12 @@ def from_table(table: pb.StepTable) -> RecordColumns:
         max_len = need("seq_max_len", "<u4", n)
         for i in np.flatnonzero(seq_count).tolist():
             seq[i] = (int(seq_count[i]), int(max_len[i]), int(tokens[i]), float(sum_sq[i]))
-    microbatch_seq: list[list[MicrobatchRow]] = [[] for _ in range(n)]
+    microbatch_seq: list[Sequence[MicrobatchRow]] = [()] * n  # most tables have no rows
     bad_span = np.zeros(n, dtype=bool)
     mb_rows = _column(table, "mb_rows", "<u4", n, optional=True)
     if mb_rows is not None:
+        per_record: list[list[MicrobatchRow]] = [[] for _ in range(n)]
+        microbatch_seq = list(per_record)
         k = int(mb_rows.sum())
         columns = [
             need(name, dtype, k)
@@ -250,7 +252,7 @@ def from_table(table: pb.StepTable) -> RecordColumns:
         owner = np.repeat(np.arange(n), mb_rows)
         rows = list(zip(*(c.tolist() for c in columns), strict=True))
         for i, row in zip(owner.tolist(), rows, strict=True):
-            microbatch_seq[i].append(row)
+            per_record[i].append(row)
         bad_span |= np.bincount(owner[columns[0] > 32767], minlength=n) > 0
         sum_sq_rows = columns[4]
         bad_rows = ~np.isfinite(sum_sq_rows) | (sum_sq_rows < 0)

@@ -229,8 +229,8 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
     checks = (
         (step < 0, NEGATIVE_STEP),
         (~all_finite, NON_FINITE),
-        (np.nan_to_num(start) <= 0, BAD_TIME),
-        (np.nan_to_num(end) <= 0, BAD_TIME),
+        (~(start > 0), BAD_TIME),  # NaN too (it fails every comparison)
+        (~(end > 0), BAD_TIME),
         (end + _TIME_SLACK < start, END_BEFORE_START),
         (negative, NEGATIVE_DURATION),
         (absurd, ABSURD_DURATION),
@@ -251,7 +251,11 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
     # first valid record of a step is kept; np.unique's index is the first occurrence).
     valid = np.flatnonzero(~failed)
     first_ok = np.zeros(n, dtype=bool)
-    first_ok[valid[np.unique(step[valid], return_index=True)[1]]] = True
+    valid_steps = step[valid]
+    if bool((valid_steps[1:] > valid_steps[:-1]).all()):  # ascending, as agents send them: all new
+        first_ok[valid] = True
+    else:
+        first_ok[valid[np.unique(valid_steps, return_index=True)[1]]] = True
     keep = first_ok & (np.cumsum(first_ok) <= limits.max_batch_records)
     rejections = []
     for i in np.flatnonzero(~keep).tolist():
@@ -265,8 +269,11 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
 
     span_keep = keep[span_record]
     rel_start, s_duration = cols.span_start, cols.span_duration
-    order = np.lexsort((-s_duration, rel_start, span_record))  # an enclosing span before its contents
-    order = order[span_keep[order]]
+    if _in_span_order(span_record, rel_start, s_duration):  # as the agent sends them: no sort
+        order = np.flatnonzero(span_keep)
+    else:
+        order = np.lexsort((-s_duration, rel_start, span_record))  # an enclosing span before its contents
+        order = order[span_keep[order]]
     kept_records = np.flatnonzero(keep).tolist()
     # Only the kinds of kept spans are named to the store: a refused record's kind (too long, a
     # NUL) must not reach the kind dictionary, whose column would refuse the whole group.
@@ -280,7 +287,7 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
         duration=duration[keep],
         gc_count=np.minimum(cols.gc_count, codec.MAX_GC_COUNT).astype(np.int64)[keep],
         gc_seconds=gc_seconds[keep],
-        span_offsets=np.r_[0, np.cumsum(np.bincount(span_record[order], minlength=n)[keep])].astype(np.int64),
+        span_offsets=_offsets(np.bincount(span_record[order], minlength=n)[keep]),
         kind_names=tuple(cols.kinds[i] for i in used.tolist()),
         span_kind=span_kind.astype(np.int64),
         span_start=rel_start[order],
@@ -302,6 +309,23 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
         else [None] * len(kept_records),
     )
     return block, rejections
+
+
+def _in_span_order(record: np.ndarray, start: np.ndarray, duration: np.ndarray) -> bool:
+    """Whether spans are sorted by (record, start, longest first) already."""
+    if record.size < 2:
+        return True
+    r0, r1 = record[:-1], record[1:]
+    s0, s1 = start[:-1], start[1:]
+    later = (s1 > s0) | ((s1 == s0) & (duration[1:] <= duration[:-1]))
+    return bool(((r1 > r0) | ((r1 == r0) & later)).all())
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    """[0, c0, c0 + c1, ...]: where each record's spans start, and the end."""
+    out = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
 
 
 _GPU_FLOAT_FIELDS = (
