@@ -72,7 +72,11 @@ def from_records(records: StepColumns, from_step: int | None) -> Columns:
     }
     # Every span kind's seconds per record in one bincount over (record, kind): the same sums,
     # in the same order, as phase_seconds gives one kind at a time.
-    codes, kind_index = np.unique(records.span_kind, return_inverse=True)
+    # The distinct kind codes (small integers) by a bincount, not a sort of every span.
+    kinds = records.span_kind
+    has_kind = np.bincount(kinds, minlength=1) > 0 if kinds.size else np.zeros(0, bool)
+    codes = np.flatnonzero(has_kind)
+    kind_index = (np.cumsum(has_kind) - 1)[kinds] if codes.size else kinds
     if not codes.size:
         return Columns(from_step, steps.astype(np.int64), present, metrics)
     span_record = records.span_record

@@ -318,6 +318,8 @@ def _seq_sq(
 ) -> np.ndarray:
     """Σ len² of each compute op's micro-batch (or of the whole step when not per micro-batch)."""
     out = np.full(record.size, np.nan)
+    if not cols.mb_index.size and not bool((cols.seq_sum_sq > 0).any()):
+        return out  # no sequence statistics at all: the usual case, and a pass over every op
     compute = np.isin(op, [name_code.get(O.FORWARD_COMPUTE, -1), name_code.get(O.BACKWARD_COMPUTE, -1)])
     whole = compute & (microbatch < 0)
     step_sq = cols.seq_sum_sq[record]
