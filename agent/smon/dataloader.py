@@ -96,11 +96,11 @@ class DataWaitTimer:
         return _TimedIteratorProxy(iterator, self)
 
     def _iterator_class(self, base: type) -> type:
-        timer = self
         base_next = base.__next__  # type: ignore[attr-defined]
+        timed_next = self.timed_next  # bound once: one attribute lookup less per batch
 
         def __next__(self: Any) -> Any:
-            return timer.timed_next(base_next, self)
+            return timed_next(base_next, self)
 
         return type(
             base.__name__,

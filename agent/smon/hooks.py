@@ -129,7 +129,12 @@ class ModelHooks:
             return None
         try:
             if module.training and self._is_grad_enabled():
-                microbatch: int | None = tracker.begin_forward(self.chunk)
+                # tracker.begin_forward(chunk), inlined: this runs on every forward
+                forwards, chunk = tracker._forwards, self.chunk
+                index = forwards.get(chunk, 0)
+                forwards[chunk] = index + 1
+                tracker._forward_open = index
+                microbatch: int | None = index
                 kind = "forward"
             else:
                 microbatch, kind = None, "eval"
@@ -154,7 +159,10 @@ class ModelHooks:
             tracker.close(kind, start, microbatch, self.chunk)
             tracker._forward_open = None  # end_forward(), without the call
             if kind == "forward" and self._queue_callback is not None:
-                tensor = first_grad_tensor(output)
+                if type(output) is self._tensor_type:  # the usual case, without a call
+                    tensor = output if output.requires_grad else None
+                else:
+                    tensor = first_grad_tensor(output)
                 if tensor is not None:
                     sync = self._ddp and syncs_gradients(self.module)
                     add_grad_hook(tensor, partial(self._on_output_grad, microbatch, sync), self._tensor_type)
