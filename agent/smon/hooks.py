@@ -129,12 +129,7 @@ class ModelHooks:
             return None
         try:
             if module.training and self._is_grad_enabled():
-                # tracker.begin_forward(chunk), inlined: this runs on every forward
-                forwards, chunk = tracker._forwards, self.chunk
-                index = forwards.get(chunk, 0)
-                forwards[chunk] = index + 1
-                tracker._forward_open = index
-                microbatch: int | None = index
+                microbatch: int | None = tracker.begin_forward(self.chunk)
                 kind = "forward"
             else:
                 microbatch, kind = None, "eval"

@@ -225,6 +225,15 @@ def spans_from_phases(phases: Mapping[str, float]) -> list[tuple[str, float, flo
     return out
 
 
+def dense_codes(values: np.ndarray, size: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct values, each value's index among them) of small non-negative integers (kind
+    codes), by a bincount: no sort of every element, as np.unique would do."""
+    if not values.size:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    present = np.bincount(values, minlength=size) > 0
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[values]
+
+
 def segmented_running_max(values: np.ndarray, segment: np.ndarray) -> np.ndarray:
     """Running maximum of `values` that restarts where `segment` changes (segments contiguous).
 

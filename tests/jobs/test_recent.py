@@ -48,6 +48,7 @@ def test_recent_stretch_is_the_last_seconds_but_never_too_few_steps() -> None:
     assert _recent_from(fast, seconds=15, min_steps=5) in (124, 125)  # the newest ~375 steps
     assert _recent_from(fast, seconds=15, min_steps=5, max_steps=50) == 450  # but at most 50
     assert _recent_from(slow, seconds=15, min_steps=5, max_steps=50) == 95  # the minimum is kept
+    assert _recent_from(fast, seconds=15, min_steps=5, max_steps=2) == 495  # even over a smaller maximum
 
 
 def _long_step_job(ranks: int, steps: int, extra: float, onset: int) -> DdpJob:

@@ -237,7 +237,7 @@ def from_table(table: pb.StepTable) -> RecordColumns:
     mb_rows = _column(table, "mb_rows", "<u4", n, optional=True)
     if mb_rows is not None:
         per_record: list[list[MicrobatchRow]] = [[] for _ in range(n)]
-        microbatch_seq = list(per_record)
+        microbatch_seq = list(per_record)  # the same lists, filled below
         k = int(mb_rows.sum())
         columns = [
             need(name, dtype, k)

@@ -15,6 +15,7 @@ from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
 from smon.v1 import ingest_pb2 as pb
+from smon_server.columns import dense_codes
 from smon_server.ingest import record_columns
 from smon_server.ingest.record_columns import RecordColumns, good_name
 from smon_server.store import codec
@@ -277,10 +278,7 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
     kept_records = np.flatnonzero(keep).tolist()
     # Only the kinds of kept spans are named to the store: a refused record's kind (too long, a
     # NUL) must not reach the kind dictionary, whose column would refuse the whole group.
-    kept_kind = cols.span_kind[order]
-    present = np.bincount(kept_kind, minlength=len(cols.kinds)) > 0
-    used = np.flatnonzero(present)
-    span_kind = (np.cumsum(present) - 1)[kept_kind]
+    used, span_kind = dense_codes(cols.span_kind[order], len(cols.kinds))
     block = StepBlock(
         step=step[keep],
         start_time=start[keep] + offset,

@@ -140,10 +140,7 @@ def analyze_job(
     analysis.result = None  # not trimmed here: the recent run reuses the freed heap (trimming
     # it cost ~0.5 CPU s of page faults for ~0.1 GB of peak)
     recent_from = _recent_from(
-        times,
-        settings.recent_seconds,
-        settings.recent_min_steps,
-        max(settings.recent_min_steps, settings.recent_max_steps),
+        times, settings.recent_seconds, settings.recent_min_steps, settings.recent_max_steps
     )
     if ops is not None and analysed_ok and recent_from is not None:
         summary["recent"] = live.recent_stragglers(
@@ -265,8 +262,8 @@ def _recent_from(
     ordered = sorted(times)
     recent = [step for step, _, end in ordered if end >= newest - seconds]
     first = min(recent[0] if recent else ordered[-1][0], ordered[-min_steps][0])
-    if max_steps is not None and len(ordered) > max_steps:
-        first = max(first, ordered[-max_steps][0])
+    if max_steps is not None and len(ordered) > max(max_steps, min_steps):  # the minimum wins
+        first = max(first, ordered[-max(max_steps, min_steps)][0])
     return None if first <= ordered[0][0] else first
 
 

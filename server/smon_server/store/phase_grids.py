@@ -22,7 +22,7 @@ import numpy as np
 from sqlalchemy import delete, func, insert, literal, select
 from sqlalchemy.orm import Session, aliased
 
-from smon_server.columns import StepColumns
+from smon_server.columns import StepColumns, dense_codes
 from smon_server.store import copy_binary
 from smon_server.store.grids import Grid
 from smon_server.store.models import Job, PhaseColumn, SpanKind
@@ -72,11 +72,7 @@ def from_records(records: StepColumns, from_step: int | None) -> Columns:
     }
     # Every span kind's seconds per record in one bincount over (record, kind): the same sums,
     # in the same order, as phase_seconds gives one kind at a time.
-    # The distinct kind codes (small integers) by a bincount, not a sort of every span.
-    kinds = records.span_kind
-    has_kind = np.bincount(kinds, minlength=1) > 0 if kinds.size else np.zeros(0, bool)
-    codes = np.flatnonzero(has_kind)
-    kind_index = (np.cumsum(has_kind) - 1)[kinds] if codes.size else kinds
+    codes, kind_index = dense_codes(records.span_kind)
     if not codes.size:
         return Columns(from_step, steps.astype(np.int64), present, metrics)
     span_record = records.span_record

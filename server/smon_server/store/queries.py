@@ -343,21 +343,18 @@ def newest_steps(
     Steps need not be contiguous (resumed jobs, scripts that number steps by samples): they are
     found by hopping down the (job_key, step, ...) key one distinct step at a time, not by
     reading every rank's record of every step, nor by counting through the range of numbers."""
-    params: dict[str, int] = {"k": job.key, "lo": lo if lo is not None else -(2**63)}
-    top = ""
-    if hi is not None:
-        top, params["hi"] = " AND step <= :hi", hi
+    params = {"k": job.key, "lo": -(2**63) if lo is None else lo, "hi": 2**63 - 1 if hi is None else hi}
     found = session.execute(
         text(
             "WITH RECURSIVE s(step) AS ("
-            f" SELECT max(step) FROM step_records WHERE job_key = :k{top}"
+            " SELECT max(step) FROM step_records WHERE job_key = :k AND step <= :hi"
             " UNION ALL"
             " SELECT (SELECT max(r.step) FROM step_records r WHERE r.job_key = :k AND r.step < s.step)"
             " FROM s WHERE s.step IS NOT NULL AND s.step > :lo"
             ") SELECT step FROM s WHERE step IS NOT NULL AND step >= :lo"
             + (" LIMIT :n" if limit is not None else "")
         ),
-        {**params, **({"n": limit} if limit is not None else {})},
+        params if limit is None else {**params, "n": limit},
     )
     return [int(step) for step in found.scalars()]
 
