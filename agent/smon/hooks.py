@@ -6,7 +6,8 @@
   index is `Span.microbatch`). Forwards with the module in eval mode or with grad disabled are
   recorded as `eval` (they are not training compute).
 - backward start: a gradient hook on the forward output, which fires when the gradient w.r.t. that
-  output is computed, i.e. right at the start of that micro-batch's backward.
+  output is computed, i.e. right at the start of that micro-batch's backward. The hook and its
+  callbacks are made once per micro-batch index and lent to each step's output (`_Backward`).
 - backward end: a callback queued on the autograd engine from that hook. The engine runs its final
   callbacks when the backward graph has finished, first in, first out.
 - grad_sync (DDP): DDP's reducer queues its own final callback (`finalize_backward`, which waits for
@@ -22,15 +23,13 @@ Every hook body is wrapped: an exception is counted and logged once, never raise
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from smon.ddp import is_ddp, syncs_gradients
 from smon.errors import ErrorCounter
 from smon.seqstats import lengths_from_forward_kwargs
-from smon.steps import StepTracker
+from smon.steps import MAX_SPANS_PER_STEP, StepTracker
 from smon.timed_forward import restore, time_forward
 from smon.timing import Mark
 
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
     import torch
 
 _MAX_NESTED_FORWARDS = 8  # forwards that raised leave an entry behind; keep the stack short
-_HOOK_KEY = "smon"  # our key in a tensor's hook dict (torch's own keys are ints: no clash)
 
 
 def first_grad_tensor(output: Any, depth: int = 0) -> torch.Tensor | None:
@@ -62,14 +60,18 @@ def first_grad_tensor(output: Any, depth: int = 0) -> torch.Tensor | None:
     return None
 
 
-def add_grad_hook(tensor: Any, hook: Callable[[Any], None], plain_tensor: Any) -> None:
-    """`tensor.register_hook(hook)` at half the cost, where that is safe.
+def hook_backward_start(tensor: Any, hooks: dict[str, Any], plain_tensor: Any) -> None:
+    """Have `hooks["smon"]` called with the gradient w.r.t. `tensor` (the start of its backward).
 
-    `Tensor.register_hook` builds a `RemovableHandle` per call; with it, one hook per forward cost
-    ~10 µs of training-thread time on a tiny model, without it ~5 µs. A plain tensor with no hooks
-    yet gets the hook dict `register_hook` itself would create (an `OrderedDict`, so a later user
-    `register_hook` on the same tensor adds to it); anything else (tensor subclasses, tensors that
-    already have hooks, leaves) goes through the public call.
+    `tensor.register_hook` builds a new `OrderedDict` and a `RemovableHandle` per call, and a
+    tensor that still holds a hook dict when it is freed costs more again: ~7 µs of training-thread
+    time per forward in a small training loop with a data loader and Adam. Instead, a plain tensor
+    with no hooks of its own lends its `_backward_hooks` slot for one call: the grad_fn registers
+    `hooks` (one dict made once and reused every step, with its one entry) exactly as
+    `register_hook` would have registered a new one, and the slot is emptied again. That costs
+    ~3 µs, and the dict never shows on the tensor: a user's later `register_hook` makes the
+    tensor its own dict, so their hooks neither land in SMon's shared one nor run for other steps.
+    Anything else (tensor subclasses, tensors with hooks already, leaves) uses the public call.
     """
     grad_fn = tensor.grad_fn
     if (
@@ -78,10 +80,72 @@ def add_grad_hook(tensor: Any, hook: Callable[[Any], None], plain_tensor: Any) -
         and grad_fn is not None
         and hasattr(grad_fn, "_register_hook_dict")
     ):
-        tensor._backward_hooks = OrderedDict(((_HOOK_KEY, hook),))
+        tensor._backward_hooks = hooks
         grad_fn._register_hook_dict(tensor)
+        tensor._backward_hooks = None
     else:
-        tensor.register_hook(hook)
+        tensor.register_hook(hooks["smon"])
+
+
+class _Backward:
+    """The backward of one micro-batch index of one model chunk, reused every step.
+
+    Its gradient hook and its two engine callbacks are bound once, so a forward hands torch the
+    same objects every step instead of new closures (a partial or a dict per forward is training-
+    thread time). One micro-batch index has at most one backward in flight: indexes are counted
+    per step, and a step's backwards end before the next step's forwards.
+    """
+
+    __slots__ = ("ended", "hooks", "microbatch", "owner", "start", "sync", "sync_start", "synced")
+
+    def __init__(self, owner: ModelHooks, microbatch: int) -> None:
+        self.owner = owner
+        self.microbatch = microbatch
+        self.sync = False  # DDP will all-reduce after this backward (set at each forward)
+        self.start: Mark = None
+        self.sync_start: Mark = None
+        self.hooks: dict[str, Any] = {"smon": self.on_output_grad}  # torch's own keys are ints: no clash
+        self.ended = self.on_backward_end  # bound once: queued on the engine every step
+        self.synced = self.on_sync_end
+
+    def on_output_grad(self, grad: Any) -> None:
+        """Backward of this micro-batch starts: the gradient w.r.t. its output exists."""
+        owner = self.owner
+        tracker = owner._tracker
+        if not tracker.active or owner._queue_callback is None:
+            return None
+        try:
+            self.start = tracker.open("backward")
+            owner._queue_callback(self.ended)
+        except Exception as exc:
+            owner._errors.report("backward_start_hook", exc)
+        return None
+
+    def on_backward_end(self) -> None:
+        """The backward graph is done (DDP's finalize, if any, runs next)."""
+        owner = self.owner
+        tracker = owner._tracker
+        try:
+            if not tracker.active:
+                return
+            end = tracker.close("backward", self.start, self.microbatch, owner.chunk)
+            if self.sync and owner._queue_callback is not None:
+                self.sync_start = tracker.open("grad_sync", end)
+                owner._queue_callback(self.synced)
+        except Exception as exc:
+            owner._errors.report("backward_end_callback", exc)
+
+    def on_sync_end(self) -> None:
+        """DDP's finalize_backward has returned: every bucket's all-reduce is done."""
+        owner = self.owner
+        tracker = owner._tracker
+        try:
+            if tracker.active:
+                tracker.close("grad_sync", self.sync_start, None, owner.chunk)
+            else:
+                tracker.discard(self.sync_start)
+        except Exception as exc:
+            owner._errors.report("grad_sync_callback", exc)
 
 
 class ModelHooks:
@@ -104,6 +168,7 @@ class ModelHooks:
         )
         self._handles: list[Any] = []
         self._original_class: type | None = None  # set while the module's class is swapped
+        self._backwards: list[_Backward] = []  # by micro-batch index
 
     def install(self) -> None:
         self._original_class = time_forward(self.module, self)
@@ -158,9 +223,17 @@ class ModelHooks:
                     tensor = output if output.requires_grad else None
                 else:
                     tensor = first_grad_tensor(output)
-                if tensor is not None:
-                    sync = self._ddp and syncs_gradients(self.module)
-                    add_grad_hook(tensor, partial(self._on_output_grad, microbatch, sync), self._tensor_type)
+                if tensor is not None and microbatch is not None:
+                    backwards = self._backwards
+                    if microbatch < len(backwards):
+                        backward = backwards[microbatch]
+                    elif microbatch < MAX_SPANS_PER_STEP:
+                        backwards.extend(_Backward(self, i) for i in range(len(backwards), microbatch + 1))
+                        backward = backwards[microbatch]
+                    else:
+                        return  # past the step's span cap: the backward would not be recorded
+                    backward.sync = self._ddp and syncs_gradients(self.module)
+                    hook_backward_start(tensor, backward.hooks, self._tensor_type)
         except Exception as exc:
             self._errors.report("forward_hook", exc)
 
@@ -186,42 +259,6 @@ class ModelHooks:
         if self._forwards:
             self.end(self._forwards.pop(), output)
         return None
-
-    def _on_output_grad(self, microbatch: int | None, sync: bool, grad: Any) -> None:
-        """Backward of one micro-batch starts: the gradient w.r.t. its output exists."""
-        tracker = self._tracker
-        if not tracker.active or self._queue_callback is None:
-            return None
-        try:
-            start = tracker.open("backward")
-            self._queue_callback(partial(self._on_backward_end, start, microbatch, sync))
-        except Exception as exc:
-            self._errors.report("backward_start_hook", exc)
-        return None
-
-    def _on_backward_end(self, start: Mark, microbatch: int | None, sync: bool) -> None:
-        """The backward graph is done (DDP's finalize, if any, runs next)."""
-        tracker = self._tracker
-        try:
-            if not tracker.active:
-                return
-            end = tracker.close("backward", start, microbatch, self.chunk)
-            if sync and self._queue_callback is not None:
-                tracker.open("grad_sync", end)
-                self._queue_callback(partial(self._on_sync_end, end))
-        except Exception as exc:
-            self._errors.report("backward_end_callback", exc)
-
-    def _on_sync_end(self, start: Mark) -> None:
-        """DDP's finalize_backward has returned: every bucket's all-reduce is done."""
-        tracker = self._tracker
-        try:
-            if tracker.active:
-                tracker.close("grad_sync", start, None, self.chunk)
-            else:
-                tracker.discard(start)
-        except Exception as exc:
-            self._errors.report("grad_sync_callback", exc)
 
 
 class OptimizerHooks:

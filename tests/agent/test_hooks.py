@@ -201,19 +201,25 @@ def test_hook_failures_are_counted_and_logged_once_never_raised(ingest, attach_f
 
 
 def test_user_gradient_hooks_on_the_output_still_run(ingest, attach_fast):
-    """SMon's backward-start hook shares the output's hook dict with the user's own hooks."""
+    """SMon's backward-start hook is reused every step but never lands in the output's own hook
+    dict: a user's hook runs for its own tensor only, and can be removed."""
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = attach_fast(model, optimizer, server=ingest.address)
-    seen: list[int] = []
-    for _ in range(2):
-        out = model(torch.randn(2, 16))
-        handle = out.register_hook(lambda grad: seen.append(grad.shape[0]))
+    seen: list[tuple[str, int]] = []
+    for step in range(4):
+        out = model(torch.randn(step + 1, 16))
+        if step == 0:  # kept: must not run for later steps' outputs
+            out.register_hook(lambda grad: seen.append(("kept", grad.shape[0])))
+        if step == 2:
+            handle = out.register_hook(lambda grad: seen.append(("removed", grad.shape[0])))
+            handle.remove()
+        if step == 3:
+            out.register_hook(lambda grad: seen.append(("last", grad.shape[0])))
         out.sum().backward()
-        handle.remove()
         optimizer.step()
     mon.close()
-    assert seen == [2, 2]
+    assert seen == [("kept", 1), ("last", 4)]
     assert mon.counters()["errors"] == 0
     steps = sorted(ingest.servicer.steps(), key=lambda s: s.step)
-    assert [kinds(s) for s in steps] == [["forward", "backward", "optimizer"]] * 2
+    assert [kinds(s) for s in steps] == [["forward", "backward", "optimizer"]] * 4
