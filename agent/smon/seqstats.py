@@ -9,7 +9,7 @@ device synchronization.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +107,7 @@ def read_lengths(lengths: Any, *, force: bool = False) -> list[int] | None:
 
 
 def reduce_samples(
-    samples: list[SeqSample], *, force: bool = False
+    samples: Sequence[SeqSample], *, force: bool = False
 ) -> tuple[SeqTotals, dict[int, SeqTotals]] | None:
     """Step totals and per-micro-batch totals; None while any sample is pending.
 

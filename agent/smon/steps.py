@@ -36,7 +36,8 @@ _ANCHOR_SLACK = 1e-3  # re-anchor wall time only when the system clock moved by 
 
 # What the training thread hands over at each step end:
 # (sequence number, step, start mark, end mark, spans, sequence samples)
-EndedStep = tuple[int, int, Mark, Mark, list[RawSpan], list[SeqSample]]
+EndedStep = tuple[int, int, Mark, Mark, list[RawSpan], "list[SeqSample] | tuple[SeqSample, ...]"]
+_NO_SEQ: tuple[SeqSample, ...] = ()  # an ended step's samples when it has none
 
 
 @dataclass(slots=True)
@@ -50,7 +51,7 @@ class RawStep:
     end: Mark
     spans: list[RawSpan]
     gc_pauses: list[tuple[float, float]]  # (perf_counter at GC start, seconds)
-    seq: list[SeqSample] = field(default_factory=list)
+    seq: list[SeqSample] | tuple[SeqSample, ...] = field(default_factory=list)
     ended_at: float = 0.0  # perf_counter at step end (for the CUDA read-back timeout)
 
 
@@ -192,9 +193,11 @@ class StepTracker:
         start = self._start
         spans = self._spans
         self._spans = []
-        seq = self._seq
+        seq: list[SeqSample] | tuple[SeqSample, ...] = self._seq
         if seq:
             self._seq = []
+        else:
+            seq = _NO_SEQ  # not the empty list itself: the next step appends to that one
         if self._forwards:
             self._forwards = {}
         self._overflowed = False

@@ -88,3 +88,15 @@ def test_collect_places_gc_pauses_in_their_steps_and_counts_dropped_steps():
     for _ in range(5):
         small.end_step()
     assert [r.step for r in small.collect()] == [3, 4] and small.dropped == 3
+
+
+def test_sequence_samples_stay_in_the_step_they_were_recorded_in():
+    """A step without samples must not hand over the list the next step appends to."""
+    tracker = StepTracker(HostClock())
+    tracker.end_step()  # step 0: no samples
+    tracker.add_seq([5, 6], 0, explicit=True)
+    tracker.end_step()  # step 1: one
+    tracker.end_step()  # step 2: none
+    raws = tracker.collect()  # all three collected together, as a feeder behind the loop does
+    assert [len(r.seq) for r in raws] == [0, 1, 0]
+    assert [to_step_record(r).seq.count for r in raws] == [0, 2, 0]
