@@ -96,17 +96,11 @@ class DataWaitTimer:
         return _TimedIteratorProxy(iterator, self)
 
     def _iterator_class(self, base: type) -> type:
-        base_next = base.__next__  # type: ignore[attr-defined]
-        timed_next = self.timed_next  # bound once: one attribute lookup less per batch
-
-        def __next__(self: Any) -> Any:
-            return timed_next(base_next, self)
-
         return type(
             base.__name__,
             (base,),
             {
-                "__next__": __next__,
+                "__next__": self.timed(base.__next__),  # type: ignore[attr-defined]
                 "__module__": base.__module__,
                 "__qualname__": base.__qualname__,
                 "_smon_timer": self,
@@ -114,27 +108,35 @@ class DataWaitTimer:
             },
         )
 
-    def timed_next(self, next_fn: Any, iterator: Any) -> Any:
-        """Call `next_fn(iterator)`, recording the time blocked as a `data_wait` span."""
+    def timed(self, next_fn: Any) -> Any:
+        """`next_fn` (an iterator -> its next item) timed: the time blocked in it is a `data_wait` span.
+
+        One closure, made once per iterator class: it is the class's `__next__` itself, so a
+        batch costs one Python call on top of the loader's own."""
         tracker = self._tracker
-        if not tracker.active:
-            return next_fn(iterator)
-        try:
-            start = tracker.open("data_wait")
-        except Exception as exc:
-            self._errors.report("data_wait", exc)
-            return next_fn(iterator)
-        try:
-            item = next_fn(iterator)
-        except BaseException:
-            # End of epoch (StopIteration) or a loader error: no batch was waited for.
-            tracker.discard(start)
-            raise
-        try:
-            tracker.close("data_wait", start)
-        except Exception as exc:
-            self._errors.report("data_wait", exc)
-        return item
+        errors = self._errors
+
+        def __next__(iterator: Any) -> Any:
+            if not tracker.active:
+                return next_fn(iterator)
+            try:
+                start = tracker.open("data_wait")
+            except Exception as exc:
+                errors.report("data_wait", exc)
+                return next_fn(iterator)
+            try:
+                item = next_fn(iterator)
+            except BaseException:
+                # End of epoch (StopIteration) or a loader error: no batch was waited for.
+                tracker.discard(start)
+                raise
+            try:
+                tracker.close("data_wait", start)
+            except Exception as exc:
+                errors.report("data_wait", exc)
+            return item
+
+        return __next__
 
 
 class _TimedIteratorProxy:
@@ -142,13 +144,13 @@ class _TimedIteratorProxy:
 
     def __init__(self, iterator: Any, timer: DataWaitTimer) -> None:
         self._smon_iterator = iterator
-        self._smon_timer = timer
+        self._smon_next = timer.timed(next)
 
     def __iter__(self) -> _TimedIteratorProxy:
         return self
 
     def __next__(self) -> Any:
-        return self._smon_timer.timed_next(next, self._smon_iterator)
+        return self._smon_next(self._smon_iterator)
 
     def __len__(self) -> int:
         return len(self._smon_iterator)

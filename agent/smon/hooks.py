@@ -194,11 +194,10 @@ class ModelHooks:
             return None
         try:
             if module.training and self._is_grad_enabled():
-                microbatch: int | None = tracker.begin_forward(self.chunk)
+                microbatch, start = tracker.open_forward(self.chunk)
                 kind = "forward"
             else:
-                microbatch, kind = None, "eval"
-            start = tracker.open(kind)
+                microbatch, kind, start = None, "eval", tracker.open("eval")
             if kwargs and microbatch is not None:
                 lengths = lengths_from_forward_kwargs(kwargs)
                 if lengths is not None:
@@ -214,10 +213,9 @@ class ModelHooks:
         try:
             kind, start, microbatch = began
             if not tracker.active:
-                tracker.discard(start)
+                tracker.abandon_forward(start)
                 return
-            tracker.close(kind, start, microbatch, self.chunk)
-            tracker._forward_open = None  # end_forward(), without the call
+            tracker.close_forward(kind, start, microbatch, self.chunk)
             if kind == "forward" and self._queue_callback is not None:
                 if type(output) is self._tensor_type:  # the usual case, without a call
                     tensor = output if output.requires_grad else None
@@ -240,8 +238,7 @@ class ModelHooks:
     def abandon(self, began: tuple[str, Mark, int | None]) -> None:
         """The forward raised: no span."""
         try:
-            self._tracker.discard(began[1])
-            self._tracker._forward_open = None
+            self._tracker.abandon_forward(began[1])
         except Exception as exc:
             self._errors.report("forward_hook", exc)
 

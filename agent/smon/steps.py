@@ -156,16 +156,26 @@ class StepTracker:
                 break
 
     # -- micro-batches ----------------------------------------------------------------------
-    def begin_forward(self, chunk: int) -> int:
-        """Index of the forward starting now among this step's forwards of `chunk`."""
+    # A training forward is one phase and one micro-batch: one call each way, as the forward is
+    # on every step's hot path.
+    def open_forward(self, chunk: int) -> tuple[int, Mark]:
+        """A training forward of model chunk `chunk` starts now: (its micro-batch index among this
+        step's forwards of that chunk, its start mark)."""
         forwards = self._forwards
         index = forwards.get(chunk, 0)
         forwards[chunk] = index + 1
         self._forward_open = index
-        return index
+        return index, self.open("forward")
 
-    def end_forward(self) -> None:
+    def close_forward(self, kind: str, start: Mark, microbatch: int | None, chunk: int) -> Mark:
+        """The forward opened at `start` returned (`kind` is "forward" or "eval")."""
         self._forward_open = None
+        return self.close(kind, start, microbatch, chunk)
+
+    def abandon_forward(self, start: Mark) -> None:
+        """The forward opened at `start` raised: no span."""
+        self._forward_open = None
+        self.discard(start)
 
     def current_microbatch(self) -> int:
         """The forward in progress, else the next one (what `record_batch` before a forward means)."""
