@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,7 @@ _ANCHOR_SLACK = 1e-3  # re-anchor wall time only when the system clock moved by 
 
 # What the training thread hands over at each step end:
 # (sequence number, step, start mark, end mark, spans, sequence samples)
-EndedStep = tuple[int, int, Mark, Mark, list[RawSpan], "list[SeqSample] | tuple[SeqSample, ...]"]
+EndedStep = tuple[int, int, Mark, Mark, list[RawSpan], Sequence[SeqSample]]
 _NO_SEQ: tuple[SeqSample, ...] = ()  # an ended step's samples when it has none
 
 
@@ -51,7 +51,7 @@ class RawStep:
     end: Mark
     spans: list[RawSpan]
     gc_pauses: list[tuple[float, float]]  # (perf_counter at GC start, seconds)
-    seq: list[SeqSample] | tuple[SeqSample, ...] = field(default_factory=list)
+    seq: Sequence[SeqSample] = field(default_factory=list)
     ended_at: float = 0.0  # perf_counter at step end (for the CUDA read-back timeout)
 
 
@@ -156,8 +156,8 @@ class StepTracker:
                 break
 
     # -- micro-batches ----------------------------------------------------------------------
-    # A training forward is one phase and one micro-batch: one call each way, as the forward is
-    # on every step's hot path.
+    # A training forward is one phase and one micro-batch: the tracker keeps both, and the hooks
+    # make one call to it each way.
     def open_forward(self, chunk: int) -> tuple[int, Mark]:
         """A training forward of model chunk `chunk` starts now: (its micro-batch index among this
         step's forwards of that chunk, its start mark)."""
@@ -203,7 +203,7 @@ class StepTracker:
         start = self._start
         spans = self._spans
         self._spans = []
-        seq: list[SeqSample] | tuple[SeqSample, ...] = self._seq
+        seq: Sequence[SeqSample] = self._seq
         if seq:
             self._seq = []
         else:

@@ -262,8 +262,9 @@ def _recent_from(
     ordered = sorted(times)
     recent = [step for step, _, end in ordered if end >= newest - seconds]
     first = min(recent[0] if recent else ordered[-1][0], ordered[-min_steps][0])
-    if max_steps is not None and len(ordered) > max(max_steps, min_steps):  # the minimum wins
-        first = max(first, ordered[-max(max_steps, min_steps)][0])
+    most = None if max_steps is None else max(max_steps, min_steps)  # the minimum wins
+    if most is not None and len(ordered) > most:
+        first = max(first, ordered[-most][0])
     return None if first <= ordered[0][0] else first
 
 

@@ -260,24 +260,24 @@ def _exclusive_durations(spans: _Spans) -> np.ndarray:
     span starting at or after its end closes the search. All spans advance together, one offset
     k at a time, sweeping the union of their contained spans; a span leaves the sweep at its
     first span past its end, so the passes do work in proportion to the nesting, not k × spans."""
-    size = spans.record.size
-    end = spans.start + spans.duration
+    record, start = spans.record, spans.start
+    size = record.size
+    end = start + spans.duration
     covered = np.zeros(size)
     reach = np.full(size, -np.inf)
     # The first offset on whole columns (slices, no gathers): most spans contain none, and only
     # those whose next span starts inside them go on.
-    record, start = spans.record, spans.start
     active = np.flatnonzero((record[1:] == record[:-1]) & (start[1:] < end[:-1]))
     k = 1
     while active.size:
         j = active + k
         open_ = j < size
         active, j = active[open_], j[open_]
-        open_ = (spans.record[j] == spans.record[active]) & (spans.start[j] < end[active])
+        open_ = (record[j] == record[active]) & (start[j] < end[active])
         active, j = active[open_], j[open_]
         inside = end[j] <= end[active] + NEST_SLACK + F32_SLACK * np.abs(end[active])
         i, j = active[inside], j[inside]
-        covered[i] += np.maximum(0.0, end[j] - np.maximum(spans.start[j], reach[i]))
+        covered[i] += np.maximum(0.0, end[j] - np.maximum(start[j], reach[i]))
         reach[i] = np.maximum(reach[i], end[j])
         k += 1
     return np.maximum(0.0, spans.duration - covered)
