@@ -294,13 +294,20 @@ def spread(values: list[float], fmt: str) -> str:
 
 
 def report_tiny(results: dict[str, list[tuple[float, float, float]]]) -> dict[str, float]:
-    """Per variant: µs per step over `none` of the same round (CPU and wall); returns CPU medians."""
+    """Per variant: µs per step over `none` of the same round (CPU and wall); returns CPU medians.
+
+    Absolute µs follow the CPU's speed (this VM's `none` step has measured 237-1000 µs on
+    different days), so SMon is also put against the detector in the same rounds and against
+    `none`'s own step.
+    """
     base = results["none"]
+    none_cpu = statistics.median(c for _, _, c in base) * 1e6
     print(
         f"  none: {statistics.median(w for w, _, _ in base) * 1e6:.1f} µs per step wall, "
-        f"{statistics.median(c for _, _, c in base) * 1e6:.1f} µs training-thread CPU"
+        f"{none_cpu:.1f} µs training-thread CPU"
     )
     medians: dict[str, float] = {}
+    cpu_by: dict[str, list[float]] = {}
     for variant in VARIANTS[1:]:
         rows = results[variant]
         if all(math.isnan(c) for _, _, c in rows):
@@ -309,9 +316,18 @@ def report_tiny(results: dict[str, list[tuple[float, float, float]]]) -> dict[st
         cpu = [(c - b[2]) * 1e6 for (_, _, c), b in zip(rows, base, strict=True)]
         wall = [(w - b[0]) * 1e6 for (w, _, _), b in zip(rows, base, strict=True)]
         medians[variant] = statistics.median(cpu)
+        cpu_by[variant] = cpu
         print(
             f"  {variant:6s}: training-thread CPU {spread(cpu, '+.1f')} µs/step; "
             f"wall {spread(wall, '+.1f')} µs/step"
+        )
+    if "smon" in cpu_by and "nvidia" in cpu_by:
+        paired = [a - b for a, b in zip(cpu_by["smon"], cpu_by["nvidia"], strict=True)]
+        print(
+            f"  smon - nvidia, same round: {spread(paired, '+.1f')} µs/step; SMon's training-thread "
+            f"CPU is {medians['smon'] / medians['nvidia']:.2f}x the detector's and "
+            f"{100 * medians['smon'] / none_cpu:.1f}% of `none`'s (the detector's: "
+            f"{100 * medians['nvidia'] / none_cpu:.1f}%)"
         )
     return medians
 

@@ -10,6 +10,8 @@
   callbacks are made once per micro-batch index and lent to each step's output (`_Backward`).
 - backward end: a callback queued on the autograd engine from that hook. The engine runs its final
   callbacks when the backward graph has finished, first in, first out.
+- Where a probe shows that each `torch.autograd.backward` call is exactly one pending forward's
+  backward, the call itself is timed instead and the hooks are no longer set (backward_calls.py).
 - grad_sync (DDP): DDP's reducer queues its own final callback (`finalize_backward`, which waits for
   every bucket's all-reduce and writes the averaged gradients back) when the last bucket becomes
   ready, i.e. after ours was queued. The engine lets a running callback queue more, so the
@@ -23,9 +25,12 @@ Every hook body is wrapped: an exception is counted and logged once, never raise
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from smon.backward_calls import CALLS, Probe
 from smon.ddp import is_ddp, syncs_gradients
 from smon.errors import ErrorCounter
 from smon.seqstats import lengths_from_forward_kwargs
@@ -37,6 +42,7 @@ if TYPE_CHECKING:
     import torch
 
 _MAX_NESTED_FORWARDS = 8  # forwards that raised leave an entry behind; keep the stack short
+logger = logging.getLogger("smon")
 
 
 def first_grad_tensor(output: Any, depth: int = 0) -> torch.Tensor | None:
@@ -115,6 +121,8 @@ class _Backward:
         if not tracker.active or owner._queue_callback is None:
             return None
         try:
+            if owner._probe is not None:
+                owner.probe_hit(self.microbatch)
             self.start = tracker.open("backward")
             owner._queue_callback(self.ended)
         except Exception as exc:
@@ -129,6 +137,10 @@ class _Backward:
             if not tracker.active:
                 return
             end = tracker.close("backward", self.start, self.microbatch, owner.chunk)
+            probe = owner._probe
+            if probe is not None and owner._queue_callback is not None:
+                probe.graph_end = time.perf_counter()
+                owner._queue_callback(probe.after_callbacks)
             if self.sync and owner._queue_callback is not None:
                 self.sync_start = tracker.open("grad_sync", end)
                 owner._queue_callback(self.synced)
@@ -169,6 +181,12 @@ class ModelHooks:
         self._handles: list[Any] = []
         self._original_class: type | None = None  # set while the module's class is swapped
         self._backwards: list[_Backward] = []  # by micro-batch index
+        # How backward is timed: "hooks" (output hook and engine callbacks), "probe" (hooks, while
+        # the torch.autograd.backward wrapper checks it sees the same backwards) or "calls" (the
+        # wrapper alone). See backward_calls.py.
+        self.backward_timing = "hooks"
+        self._probe: Probe | None = None
+        self._hook_outputs = True  # False once the wrapper times backward
 
     def install(self) -> None:
         self._original_class = time_forward(self.module, self)
@@ -177,8 +195,14 @@ class ModelHooks:
                 self.module.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True),
                 self.module.register_forward_hook(self._on_forward),
             ]
+        if not self._ddp and self._queue_callback is not None:
+            self._probe = Probe()
+            self.backward_timing = "probe"
+            CALLS.add(self)
 
     def remove(self) -> None:
+        CALLS.discard(self)
+        self._probe = None
         if self._original_class is not None:
             restore(self.module, self._original_class, self)
             self._original_class = None
@@ -216,7 +240,7 @@ class ModelHooks:
                 tracker.abandon_forward(start)
                 return
             tracker.close_forward(kind, start, microbatch, self.chunk)
-            if kind == "forward" and self._queue_callback is not None:
+            if kind == "forward" and self._hook_outputs and self._queue_callback is not None:
                 if type(output) is self._tensor_type:  # the usual case, without a call
                     tensor = output if output.requires_grad else None
                 else:
@@ -241,6 +265,68 @@ class ModelHooks:
             self._tracker.abandon_forward(began[1])
         except Exception as exc:
             self._errors.report("forward_hook", exc)
+
+    # -- torch.autograd.backward calls (backward_calls.py) --------------------------------------
+    def call_begin(self) -> tuple[int, Mark] | None:
+        """A backward call starts: (micro-batch, start mark) when the call is timed, else None."""
+        tracker = self._tracker
+        if not tracker.active:
+            return None
+        try:
+            probe = self._probe
+            if probe is None:  # timed by the call
+                microbatch = tracker.next_backward(self.chunk)
+                if microbatch is None:
+                    return None  # no forward waits for a backward: not this model's
+                return microbatch, tracker.open("backward")
+            probe.begin(tracker.next_backward(self.chunk))
+        except Exception as exc:
+            self._errors.report("backward_call", exc)
+        return None
+
+    def call_end(self, began: tuple[int, Mark] | None) -> None:
+        """The backward call returned."""
+        try:
+            if began is not None:
+                self._tracker.close("backward", began[1], began[0], self.chunk)
+                return
+            probe = self._probe
+            if probe is not None and self._tracker.active:
+                verdict = probe.verdict()
+                if verdict is True:
+                    self._probe = None
+                    self._hook_outputs = False
+                    self.backward_timing = "calls"
+                    logger.debug("smon: model chunk %d: backward timed by its calls", self.chunk)
+                elif verdict is False:
+                    self.keep_hooks("a backward call that is not exactly one pending forward's backward")
+        except Exception as exc:
+            self._errors.report("backward_call", exc)
+
+    def call_abandon(self, began: tuple[int, Mark] | None) -> None:
+        """The backward call raised: no span (the probe ignores the call)."""
+        try:
+            if began is not None:
+                self._tracker.discard(began[1])
+        except Exception as exc:
+            self._errors.report("backward_call", exc)
+
+    def probe_hit(self, microbatch: int) -> None:
+        """An output hook fired while probing (autograd may call it from a device thread)."""
+        probe = self._probe
+        if probe is None:
+            return
+        if CALLS.depth == 0:
+            self.keep_hooks("backward entered without torch.autograd.backward")
+        else:
+            probe.hits.append(microbatch)
+
+    def keep_hooks(self, why: str) -> None:
+        """The wrapper cannot time this model's backward exactly: hooks time it from now on."""
+        self._probe = None
+        self.backward_timing = "hooks"
+        CALLS.discard(self)
+        logger.debug("smon: model chunk %d: backward stays timed by hooks (%s)", self.chunk, why)
 
     # -- hooks (modules whose class cannot be swapped) ------------------------------------------
     def _on_forward_pre(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:

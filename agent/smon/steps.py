@@ -96,6 +96,7 @@ class StepTracker:
         self._seq: list[SeqSample] = []
         self._open: list[tuple[str, Mark]] = []
         self._forwards: dict[int, int] = {}  # model chunk -> forwards started this step
+        self._backwards: dict[int, int] = {}  # model chunk -> backward calls paired this step
         self._forward_open: int | None = None  # micro-batch of the forward in progress, if any
         self._overflowed = False  # this step hit MAX_SPANS_PER_STEP
         # Ended steps wait here for the feeder; when it falls behind, the oldest are dropped.
@@ -177,6 +178,16 @@ class StepTracker:
         self._forward_open = None
         self.discard(start)
 
+    def next_backward(self, chunk: int) -> int | None:
+        """A backward of model chunk `chunk` starts: the micro-batch it is the backward of (this
+        step's forwards and backwards pair in order), or None when no forward is waiting for one."""
+        backwards = self._backwards
+        index = backwards.get(chunk, 0)
+        if index >= self._forwards.get(chunk, 0):
+            return None
+        backwards[chunk] = index + 1
+        return index
+
     def current_microbatch(self) -> int:
         """The forward in progress, else the next one (what `record_batch` before a forward means)."""
         if self._forward_open is not None:
@@ -210,6 +221,8 @@ class StepTracker:
             seq = _NO_SEQ  # not the empty list itself: the next step appends to that one
         if self._forwards:
             self._forwards = {}
+        if self._backwards:
+            self._backwards = {}
         self._overflowed = False
         self.last_step = step
         self.step = step + 1

@@ -1,0 +1,255 @@
+"""Backward timed from `torch.autograd.backward` calls once a probe shows it equals the hooks' timing,
+and kept on hooks wherever it would not (real CPU models, real autograd)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from smon.backward_calls import PROBE_CALLS
+from tests.agent.conftest import op_spans
+from tests.agent.torch_models import SlowDataset, mlp, train
+
+BACKWARD_SLEEP = 0.03
+FORWARD_SLEEP = 0.03
+STEPS = PROBE_CALLS + 4  # the probe's steps, then steps timed by the calls
+
+
+def backward_spans(step: Any) -> list[Any]:
+    return [s for s in op_spans(step) if s.kind == "backward"]
+
+
+def model_hooks(mon: Any) -> Any:
+    (hooks,) = [r for r in mon._removables if hasattr(r, "backward_timing")]
+    return hooks
+
+
+def sorted_steps(ingest: Any) -> list[Any]:
+    return sorted(ingest.servicer.steps(), key=lambda s: s.step)
+
+
+def assert_backward_holds_its_sleep(span: Any) -> None:
+    # At least the injected backward sleep, and not the forward's as well (the slack below that
+    # bound absorbs a loaded machine's late wake-ups).
+    assert BACKWARD_SLEEP <= span.duration < BACKWARD_SLEEP + FORWARD_SLEEP
+
+
+def test_the_call_takes_over_in_a_plain_loop_and_times_what_the_hooks_timed(ingest, attach_fast):
+    model = mlp(forward_sleep=FORWARD_SLEEP, backward_sleep=BACKWARD_SLEEP)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(SlowDataset(n=2 * 3 * STEPS), batch_size=2)
+    original = torch.autograd.backward
+    mon = attach_fast(model, optimizer, loader, server=ingest.address)
+    hooks = model_hooks(mon)
+    assert torch.autograd.backward is not original and hooks.backward_timing == "probe"
+    train(model, optimizer, loader, accumulate=3)
+    assert hooks.backward_timing == "calls"
+    # Once the call times backward, SMon's output hook is no longer set (it would have marked a start).
+    hooked = hooks._backwards[0].start
+    model(torch.randn(2, 16)).sum().backward()
+    assert hooks._backwards[0].start is hooked
+    optimizer.step()
+    mon.close()
+    assert torch.autograd.backward is original
+    assert mon.counters()["errors"] == 0
+    steps = sorted_steps(ingest)
+    assert [s.step for s in steps] == list(range(STEPS + 1))
+    for step in steps[:STEPS]:  # the same spans before and after the switch
+        assert [s.kind for s in op_spans(step)] == ["data_wait", "forward", "backward"] * 3 + ["optimizer"]
+        assert [s.microbatch for s in backward_spans(step)] == [0, 1, 2]
+        for span in backward_spans(step):
+            assert_backward_holds_its_sleep(span)
+
+
+def test_reentrant_checkpointing_nests_backward_calls_and_the_call_still_takes_over(ingest, attach_fast):
+    """Reentrant activation checkpointing calls torch.autograd.backward inside backward: only the
+    outer call is the micro-batch's backward."""
+    inner = mlp(forward_sleep=FORWARD_SLEEP, backward_sleep=BACKWARD_SLEEP)
+
+    class Checkpointed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=True)
+
+    model = Checkpointed()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = attach_fast(model, optimizer, server=ingest.address)
+    for _ in range(STEPS):
+        model(torch.randn(2, 16, requires_grad=True)).sum().backward()
+        optimizer.step()
+    hooks = model_hooks(mon)
+    mon.close()
+    assert hooks.backward_timing == "calls"
+    for step in sorted_steps(ingest):
+        assert [s.kind for s in op_spans(step)] == ["forward", "backward", "optimizer"]
+        (backward,) = backward_spans(step)
+        # the recomputed forward runs inside backward: its sleep is backward time here
+        assert BACKWARD_SLEEP + FORWARD_SLEEP <= backward.duration < BACKWARD_SLEEP + 2 * FORWARD_SLEEP
+
+
+def run_engine_directly(loss: torch.Tensor) -> None:
+    """What Megatron's pipeline schedules do: enter the engine without torch.autograd.backward."""
+    torch.autograd.Variable._execution_engine.run_backward(
+        (loss,), (torch.ones_like(loss),), False, False, (), True, True
+    )
+
+
+class _QueueSlowCallback(torch.autograd.Function):
+    """Identity whose backward queues a final callback that sleeps, as FSDP's post-backward does
+    (which waits for the last reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: time.sleep(FORWARD_SLEEP))
+        return grad
+
+
+class QueueSlowCallback(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _QueueSlowCallback.apply(x)
+
+
+def with_slow_callback() -> nn.Module:
+    """The callback is queued late in backward, after SMon's own end callback (queued at its start)."""
+    return nn.Sequential(
+        nn.Linear(16, 16),
+        QueueSlowCallback(),
+        mlp(forward_sleep=FORWARD_SLEEP, backward_sleep=BACKWARD_SLEEP),
+    )
+
+
+def stray_backward(model: nn.Module, x: torch.Tensor) -> None:
+    """After the model's forward, the backward of another graph first (a GAN's discriminator)."""
+    other = nn.Linear(16, 1)
+    out = model(x)
+    other(x).sum().backward()
+    out.sum().backward()
+
+
+def two_microbatches_in_one_call(model: nn.Module, x: torch.Tensor) -> None:
+    (model(x).sum() + model(x).sum()).backward()
+
+
+def plain(model: nn.Module, x: torch.Tensor) -> None:
+    model(x).sum().backward()
+
+
+def sleepy() -> nn.Module:
+    return mlp(forward_sleep=FORWARD_SLEEP, backward_sleep=BACKWARD_SLEEP)
+
+
+@pytest.mark.parametrize(
+    ("make_model", "train_step", "backwards_per_step"),
+    [
+        (sleepy, "engine", 1),
+        (with_slow_callback, "plain", 1),
+        (sleepy, "stray", 1),
+        (sleepy, "two", 2),  # both outputs' hooks fire at once: each span holds both sleeps
+    ],
+    ids=["engine-entered-directly", "foreign-final-callback", "stray-backward", "two-microbatches-one-call"],
+)
+def test_hooks_keep_timing_backward_where_the_call_would_not_be_exact(
+    ingest, attach_fast, make_model, train_step, backwards_per_step
+):
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    original = torch.autograd.backward
+    mon = attach_fast(model, optimizer, server=ingest.address)
+    hooks = model_hooks(mon)
+    for _ in range(STEPS):
+        x = torch.randn(2, 16)
+        if train_step == "engine":
+            run_engine_directly(model(x).sum())
+        elif train_step == "stray":
+            stray_backward(model, x)
+        elif train_step == "two":
+            two_microbatches_in_one_call(model, x)
+        else:
+            plain(model, x)
+        optimizer.step()
+        optimizer.zero_grad()
+    assert hooks.backward_timing == "hooks"
+    assert torch.autograd.backward is original  # given up: the wrapper is gone
+    mon.close()
+    assert mon.counters()["errors"] == 0
+    steps = sorted_steps(ingest)
+    assert len(steps) == STEPS
+    for step in steps:
+        spans = backward_spans(step)
+        assert sorted(s.microbatch for s in spans) == list(range(backwards_per_step))
+        for span in spans:
+            # the hooks' backward: not the stray graph's, not the slow final callback
+            assert BACKWARD_SLEEP <= span.duration < backwards_per_step * BACKWARD_SLEEP + FORWARD_SLEEP
+
+
+def test_a_backward_that_raises_is_raised_unchanged_and_leaves_no_span(ingest, attach_fast):
+    model = mlp(backward_sleep=BACKWARD_SLEEP)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = attach_fast(model, optimizer, server=ingest.address)
+    hooks = model_hooks(mon)
+    for step in range(STEPS + 1):
+        out = model(torch.randn(2, 16)).sum()
+        if step == STEPS:
+            assert hooks.backward_timing == "calls"
+            out.backward()
+            with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+                out.backward()  # the graph is freed: torch's own error, as without SMon
+        else:
+            out.backward()
+        optimizer.step()
+    mon.close()
+    assert mon.counters()["errors"] == 0
+    last = sorted_steps(ingest)[-1]
+    assert [s.kind for s in op_spans(last)] == ["forward", "backward", "optimizer"]
+
+
+def test_other_threads_and_later_wrappers_are_left_alone(ingest, attach_fast):
+    model = mlp(backward_sleep=BACKWARD_SLEEP)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = attach_fast(model, optimizer, server=ingest.address)
+    ours = torch.autograd.backward
+    seen: list[str] = []
+
+    def user_wrapper(*args: Any, **kwargs: Any) -> Any:  # e.g. a framework patching it too
+        seen.append("user")
+        return ours(*args, **kwargs)
+
+    torch.autograd.backward = user_wrapper
+    try:
+        for _ in range(STEPS):
+            plain(model, torch.randn(2, 16))
+            optimizer.step()
+        # Between a forward and its backward, another thread runs a backward of another graph:
+        # not this model's (were it taken for one, the model's own backward would go unrecorded).
+        out = model(torch.randn(2, 16)).sum()
+        other = nn.Linear(16, 1)
+        thread = threading.Thread(target=lambda: other(torch.randn(2, 16)).sum().backward())
+        thread.start()
+        thread.join()
+        out.backward()
+        optimizer.step()
+        assert model_hooks(mon).backward_timing == "calls"
+        mon.close()
+        assert torch.autograd.backward is user_wrapper  # not unwrapped from under the user
+        plain(model, torch.randn(2, 16))  # ours passes the call through
+        assert seen == ["user"] * (STEPS + 3)
+    finally:
+        torch.autograd.backward = ours.__wrapped__  # type: ignore[attr-defined]
+    steps = sorted_steps(ingest)
+    assert len(steps) == STEPS + 1
+    for step in steps:
+        assert [s.kind for s in op_spans(step)] == ["forward", "backward", "optimizer"]
+        (backward,) = backward_spans(step)
+        assert backward.duration >= BACKWARD_SLEEP
