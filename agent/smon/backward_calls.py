@@ -1,34 +1,46 @@
-"""Backward timed from the call to `torch.autograd.backward`, once a probe has shown it is exact.
+"""Backward timed from the call to `torch.autograd.backward`, where a probe has shown it is exact.
 
 The gradient hook on a forward's output (hooks.py) times backward from inside autograd: the engine
 calls into Python at the start of that micro-batch's backward and again for the end callback, each
-a GIL round trip with a wrapped tensor. That is most of SMon's training-thread cost on a small
-step. Most training loops start backward with `loss.backward()` or `torch.autograd.backward(...)`,
-and `Tensor.backward` calls the latter, so a wrapper around that function sees the same backward
-for two clock readings and no engine crossing (~60% fewer instructions per step for the whole
-agent on the benchmark's tiny loop).
+a GIL round trip with a wrapped tensor. On a small step that is most of SMon's training-thread
+time (not its instructions: the GIL hand-overs cost the time). Most training loops start backward
+with `loss.backward()` or `torch.autograd.backward(...)`, and `Tensor.backward` calls the latter,
+so a wrapper around that function sees the same backward for two clock readings.
 
-The wrapper is only exact where each call is the backward of one pending training forward, so a
-model starts on hooks and the wrapper watches (`Probe`). It takes over after `PROBE_CALLS` calls
-in which:
+The wrapper is only exact where each call is the backward of one pending training forward and
+little else, so a model starts on hooks and the wrapper watches (`Probe`). It takes over after
+`PROBE_CALLS` calls in which, every time:
 - the output hook of the next pending micro-batch fired inside the call, and nothing else did;
 - no output hook fired outside a call (Megatron's pipeline schedules enter the engine directly);
-- no final callback queued by someone else after the hooks' own (FSDP's post-backward, say) ran
-  for long inside the call: hooks end backward before it, the call after it.
-Any other sight (a stray backward of another graph, two micro-batches in one call, `autograd.grad`
-through the output, a second backward of the same graph) keeps the hooks for good. DDP models
-never probe: their exposed gradient-sync wait needs the engine callback between the end of the
-graph and DDP's `finalize_backward` (ddp.py).
+- the hook fired soon after the call (the head: the loss's own backward; a discriminator or a
+  perceptual-loss network outside the attached model would be far longer);
+- the final callbacks queued by others after the hooks' own ran briefly (the tail: FSDP2's
+  post-backward, or DDP's finalize around an attached inner module, would not).
+"Soon" and "briefly" are `_FLOOR` or `_SHARE` of the backward, whichever is larger; one call in
+a probe may be slower, a second fails the probe, so work that comes back every few micro-batches
+(a sync on the last of 4) is seen. Wall time is also slow for reasons of no concern (a preempted
+thread; the output hook waiting up to 5 ms for the GIL held by another Python thread, a delay the
+call itself does not have), so a probe that failed only on time starts afresh, up to
+`SLOW_PROBES_TOLERATED` times, before the hooks stay for good. Any other sight (a stray backward of
+another graph, two micro-batches in one call, `autograd.grad` through the output, a second
+backward of the same graph) keeps the hooks for good. After the switch, one forward in
+`RECHECK_EVERY` is probed again (when no backward is pending), so a loop that changes later (a
+periodic stray backward, a library restoring the original `torch.autograd.backward`) goes back
+to hooks; a re-probe that is only slow starts a whole probe.
 
-Timed by the wrapper, backward starts where `backward()` is called, so the loss's own backward is
-in it; under hooks it started at the model output's gradient. Both are compute; the difference is
-the (small) loss backward, once, at the switch, on every rank alike.
+Never probed: DDP models (the exposed gradient-sync wait needs the engine callback between the end
+of the graph and DDP's `finalize_backward`, ddp.py), and device clocks (CUDA: a foreign final
+callback can be cheap on the host and still make the stream wait for communication, which the
+host-time tail cannot see and the event-timed span would hold).
+
+Timed by the wrapper, backward starts where `backward()` is called, so the head is in it; under
+hooks it was in the untimed gap before it. Ranks that decided differently differ by less than the
+bounds above.
 """
 
 from __future__ import annotations
 
 import functools
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -37,11 +49,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from smon.hooks import ModelHooks
 
-PROBE_CALLS = 8  # consecutive calls that must match the hooks before the wrapper takes over
-# Final callbacks queued by others after the hooks' own may take this long (s), or this share of
-# the backward, before the call is taken to hold work that hooks would not count as backward.
-_TAIL_FLOOR = 100e-6
-_TAIL_SHARE = 0.05
+PROBE_CALLS = 16  # calls that must match the hooks before the wrapper takes over
+SLOW_CALLS_TOLERATED = 1  # calls past the bounds a probe forgives (a preempted thread)
+SLOW_PROBES_TOLERATED = 3  # probes that failed only on time, each started afresh, before hooks for good
+RECHECK_EVERY = 97  # forwards between re-probes once switched (odd, so periodic work rarely aliases)
+# The head and the tail of a call (above) may each take this long (s), or this share of the
+# backward, whichever is larger. The floor covers torch's own set-up in `backward()` before the
+# first node runs (tens of µs, ~400 µs on a process's first call).
+_FLOOR = 1e-3
+_SHARE = 0.05
 
 
 class Probe:
@@ -49,32 +65,41 @@ class Probe:
 
     __slots__ = (
         "after_callbacks",
-        "backwards",
         "expected",
-        "good",
         "graph_end",
+        "hit_at",
         "hits",
+        "need",
+        "slow",
         "started",
         "tail_end",
-        "tails",
+        "tolerated",
+        "why",
     )
 
-    def __init__(self) -> None:
-        self.good = 0
+    def __init__(self, need: int = PROBE_CALLS, tolerated: int = SLOW_CALLS_TOLERATED) -> None:
+        self.need = need  # good calls still to see
+        self.tolerated = tolerated  # slow calls forgiven
+        self.slow = 0  # calls past the bounds so far
+        self.why = ""  # why the verdict was False: "structure" or "timing"
         self.expected: int | None = None  # the micro-batch the call in progress should be
         self.hits: list[int] = []  # micro-batches whose output hook fired in the call in progress
         self.started = 0.0  # perf_counter at the call
+        self.hit_at: float | None = None  # perf_counter when the expected output hook fired
         self.graph_end: float | None = None  # perf_counter when the hooks' end callback ran
         self.tail_end: float | None = None  # perf_counter when the callbacks queued after it had run
-        self.tails: list[float] = []  # tail_end - graph_end, per good call
-        self.backwards: list[float] = []  # graph_end - started, per good call
         self.after_callbacks = self._after_callbacks  # bound once: queued by the end callback
 
     def begin(self, expected: int | None) -> None:
         self.expected = expected
         self.hits = []
-        self.graph_end = self.tail_end = None
+        self.hit_at = self.graph_end = self.tail_end = None
         self.started = time.perf_counter()
+
+    def hit(self, microbatch: int) -> None:
+        if not self.hits:
+            self.hit_at = time.perf_counter()
+        self.hits.append(microbatch)
 
     def _after_callbacks(self) -> None:
         """Queued by the hooks' end callback, so it runs after every final callback queued later
@@ -86,17 +111,22 @@ class Probe:
         hits, expected = self.hits, self.expected
         if expected is None:
             if hits:
+                self.why = "structure"
                 return False  # an output hook fired in a call with no pending forward
             return None  # a backward of something else while no forward waits: ignored either way
-        if hits != [expected] or self.graph_end is None or self.tail_end is None:
+        hit_at, graph_end, tail_end = self.hit_at, self.graph_end, self.tail_end
+        if hits != [expected] or hit_at is None or graph_end is None or tail_end is None:
+            self.why = "structure"
             return False
-        self.tails.append(self.tail_end - self.graph_end)
-        self.backwards.append(self.graph_end - self.started)
-        self.good += 1
-        if self.good < PROBE_CALLS:
+        bound = max(_FLOOR, _SHARE * (graph_end - hit_at))
+        if hit_at - self.started > bound or tail_end - graph_end > bound:
+            self.slow += 1
+            if self.slow > self.tolerated:
+                self.why = "timing"
+                return False
             return None
-        tail = statistics.median(self.tails)
-        return tail <= max(_TAIL_FLOOR, _TAIL_SHARE * statistics.median(self.backwards))
+        self.need -= 1
+        return True if self.need <= 0 else None
 
 
 class BackwardCalls:
@@ -105,7 +135,6 @@ class BackwardCalls:
     def __init__(self) -> None:
         self.owners: list[ModelHooks] = []
         self.depth = 0  # > 0 inside a wrapped call (also read from autograd's device threads)
-        self.thread: int | None = None  # calls from other threads pass through
         self.original: Callable[..., Any] | None = None
         self.wrapper: Callable[..., Any] | None = None
 
@@ -116,7 +145,6 @@ class BackwardCalls:
             self.original = torch.autograd.backward
             self.wrapper = _wrap(self, self.original)
             torch.autograd.backward = self.wrapper
-        self.thread = threading.get_ident()
         if owner not in self.owners:
             self.owners = [*self.owners, owner]  # replaced, not mutated: a call may be iterating
 
@@ -134,36 +162,42 @@ CALLS = BackwardCalls()
 
 
 def _wrap(calls: BackwardCalls, original: Callable[..., Any]) -> Callable[..., Any]:
+    import torch
+
     get_ident = threading.get_ident
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> Any:
         owners = calls.owners
-        if not owners or calls.depth or get_ident() != calls.thread:
+        if not owners or calls.depth or is_compiling():
             return original(*args, **kwargs)  # nested (reentrant checkpointing), or not ours
+        ident = get_ident()
         if len(owners) == 1:  # the usual case, without a list per call
             owner = owners[0]
+            if owner.thread != ident:
+                return original(*args, **kwargs)  # each model's calls come from its own thread
             token = owner.call_begin()
             calls.depth = 1
             try:
                 result = original(*args, **kwargs)
             except BaseException:
-                calls.depth = 0
                 owner.call_abandon(token)
                 raise
-            calls.depth = 0
+            finally:
+                calls.depth = 0
             owner.call_end(token)
             return result
-        tokens = [(owner, owner.call_begin()) for owner in owners]
+        tokens = [(owner, owner.call_begin()) for owner in owners if owner.thread == ident]
         calls.depth = 1
         try:
             result = original(*args, **kwargs)
         except BaseException:
-            calls.depth = 0
             for owner, token in tokens:
                 owner.call_abandon(token)
             raise
-        calls.depth = 0
+        finally:
+            calls.depth = 0
         for owner, token in tokens:
             owner.call_end(token)
         return result

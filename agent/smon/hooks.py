@@ -26,11 +26,12 @@ Every hook body is wrapped: an exception is counted and logged once, never raise
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from smon.backward_calls import CALLS, Probe
+from smon.backward_calls import CALLS, RECHECK_EVERY, SLOW_PROBES_TOLERATED, Probe
 from smon.ddp import is_ddp, syncs_gradients
 from smon.errors import ErrorCounter
 from smon.seqstats import lengths_from_forward_kwargs
@@ -118,8 +119,8 @@ class _Backward:
         """Backward of this micro-batch starts: the gradient w.r.t. its output exists."""
         owner = self.owner
         tracker = owner._tracker
-        if not tracker.active or owner._queue_callback is None:
-            return None
+        if not tracker.active or owner._queue_callback is None or not owner._hook_outputs:
+            return None  # (the last: hooked before the call took over; the call times it)
         try:
             if owner._probe is not None:
                 owner.probe_hit(self.microbatch)
@@ -182,11 +183,15 @@ class ModelHooks:
         self._original_class: type | None = None  # set while the module's class is swapped
         self._backwards: list[_Backward] = []  # by micro-batch index
         # How backward is timed: "hooks" (output hook and engine callbacks), "probe" (hooks, while
-        # the torch.autograd.backward wrapper checks it sees the same backwards) or "calls" (the
-        # wrapper alone). See backward_calls.py.
+        # the torch.autograd.backward wrapper checks it sees the same backwards), "calls" (the
+        # wrapper alone) or "recheck" (hooks again for one call, then back to "calls" if it still
+        # matches). See backward_calls.py.
         self.backward_timing = "hooks"
         self._probe: Probe | None = None
-        self._hook_outputs = True  # False once the wrapper times backward
+        self._hook_outputs = True  # False while the wrapper times backward
+        self._since_check = 0  # forwards since the wrapper took over or was last re-probed
+        self._slow_probes = 0  # probes that failed only on time
+        self.thread = threading.get_ident()  # backward calls from other threads are not this model's
 
     def install(self) -> None:
         self._original_class = time_forward(self.module, self)
@@ -195,7 +200,7 @@ class ModelHooks:
                 self.module.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True),
                 self.module.register_forward_hook(self._on_forward),
             ]
-        if not self._ddp and self._queue_callback is not None:
+        if not self._ddp and self._queue_callback is not None and not self._tracker.clock.device:
             self._probe = Probe()
             self.backward_timing = "probe"
             CALLS.add(self)
@@ -240,6 +245,10 @@ class ModelHooks:
                 tracker.abandon_forward(start)
                 return
             tracker.close_forward(kind, start, microbatch, self.chunk)
+            if not self._hook_outputs and kind == "forward":
+                self._since_check += 1
+                if self._since_check >= RECHECK_EVERY and tracker.paired_backwards(self.chunk) == microbatch:
+                    self._recheck()  # nothing pending: this forward's backward is probed again
             if kind == "forward" and self._hook_outputs and self._queue_callback is not None:
                 if type(output) is self._tensor_type:  # the usual case, without a call
                     tensor = output if output.requires_grad else None
@@ -296,10 +305,18 @@ class ModelHooks:
                 if verdict is True:
                     self._probe = None
                     self._hook_outputs = False
+                    self._since_check = 0
+                    if self.backward_timing != "recheck":
+                        logger.debug("smon: model chunk %d: backward timed by its calls", self.chunk)
                     self.backward_timing = "calls"
-                    logger.debug("smon: model chunk %d: backward timed by its calls", self.chunk)
                 elif verdict is False:
-                    self.keep_hooks("a backward call that is not exactly one pending forward's backward")
+                    if probe.why == "timing" and self._slow_probes < SLOW_PROBES_TOLERATED:
+                        self._slow_probes += 1
+                        self._probe = Probe()  # perhaps a preempted thread: probe afresh
+                        self._hook_outputs = True
+                        self.backward_timing = "probe"
+                    else:
+                        self.keep_hooks(f"backward calls that do not match the hooks ({probe.why})")
         except Exception as exc:
             self._errors.report("backward_call", exc)
 
@@ -319,11 +336,18 @@ class ModelHooks:
         if CALLS.depth == 0:
             self.keep_hooks("backward entered without torch.autograd.backward")
         else:
-            probe.hits.append(microbatch)
+            probe.hit(microbatch)
+
+    def _recheck(self) -> None:
+        """Probe one call again (hooks time it meanwhile): the loop may have changed since."""
+        self._probe = Probe(need=1, tolerated=0)
+        self._hook_outputs = True
+        self.backward_timing = "recheck"
 
     def keep_hooks(self, why: str) -> None:
         """The wrapper cannot time this model's backward exactly: hooks time it from now on."""
         self._probe = None
+        self._hook_outputs = True
         self.backward_timing = "hooks"
         CALLS.discard(self)
         logger.debug("smon: model chunk %d: backward stays timed by hooks (%s)", self.chunk, why)

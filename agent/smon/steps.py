@@ -188,6 +188,10 @@ class StepTracker:
         backwards[chunk] = index + 1
         return index
 
+    def paired_backwards(self, chunk: int) -> int:
+        """Backward calls of model chunk `chunk` paired with a forward this step."""
+        return self._backwards.get(chunk, 0)
+
     def current_microbatch(self) -> int:
         """The forward in progress, else the next one (what `record_batch` before a forward means)."""
         if self._forward_open is not None:

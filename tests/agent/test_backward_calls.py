@@ -11,13 +11,16 @@ import pytest
 import torch
 from torch import nn
 
+from smon import hooks as smon_hooks
 from smon.backward_calls import PROBE_CALLS
+from smon.cuda_timing import CudaClock
+from smon.testing import FakeCuda
 from tests.agent.conftest import op_spans
 from tests.agent.torch_models import SlowDataset, mlp, train
 
 BACKWARD_SLEEP = 0.03
-FORWARD_SLEEP = 0.03
-STEPS = PROBE_CALLS + 4  # the probe's steps, then steps timed by the calls
+FORWARD_SLEEP = 0.06  # also the foreign work's sleep: the slack of every upper bound
+STEPS = 2 * PROBE_CALLS + 4  # the probe's steps (twice, if one was slowed), then steps timed by the calls
 
 
 def backward_spans(step: Any) -> list[Any]:
@@ -42,7 +45,8 @@ def assert_backward_holds_its_sleep(span: Any) -> None:
 def test_the_call_takes_over_in_a_plain_loop_and_times_what_the_hooks_timed(ingest, attach_fast):
     model = mlp(forward_sleep=FORWARD_SLEEP, backward_sleep=BACKWARD_SLEEP)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = torch.utils.data.DataLoader(SlowDataset(n=2 * 3 * STEPS), batch_size=2)
+    steps = (2 * PROBE_CALLS) // 3 + 4  # three calls a step
+    loader = torch.utils.data.DataLoader(SlowDataset(n=2 * 3 * steps), batch_size=2)
     original = torch.autograd.backward
     mon = attach_fast(model, optimizer, loader, server=ingest.address)
     hooks = model_hooks(mon)
@@ -57,9 +61,9 @@ def test_the_call_takes_over_in_a_plain_loop_and_times_what_the_hooks_timed(inge
     mon.close()
     assert torch.autograd.backward is original
     assert mon.counters()["errors"] == 0
-    steps = sorted_steps(ingest)
-    assert [s.step for s in steps] == list(range(STEPS + 1))
-    for step in steps[:STEPS]:  # the same spans before and after the switch
+    recorded = sorted_steps(ingest)
+    assert [s.step for s in recorded] == list(range(steps + 1))
+    for step in recorded[:steps]:  # the same spans before and after the switch
         assert [s.kind for s in op_spans(step)] == ["data_wait", "forward", "backward"] * 3 + ["optimizer"]
         assert [s.microbatch for s in backward_spans(step)] == [0, 1, 2]
         for span in backward_spans(step):
@@ -253,3 +257,163 @@ def test_other_threads_and_later_wrappers_are_left_alone(ingest, attach_fast):
         assert [s.kind for s in op_spans(step)] == ["forward", "backward", "optimizer"]
         (backward,) = backward_spans(step)
         assert backward.duration >= BACKWARD_SLEEP
+
+
+class Discriminator(nn.Module):
+    """A loss network outside the attached model (a GAN's discriminator, a perceptual loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = mlp(backward_sleep=FORWARD_SLEEP)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_a_long_backward_before_the_models_own_keeps_the_hooks(ingest, attach_fast):
+    """`D(G(z)).backward()` runs D's backward before G's: under the call it would land in G's."""
+    generator = mlp(backward_sleep=BACKWARD_SLEEP)
+    discriminator = Discriminator()
+    optimizer = torch.optim.SGD(generator.parameters(), lr=0.01)
+    mon = attach_fast(generator, optimizer, server=ingest.address)
+    for _ in range(STEPS):
+        discriminator(generator(torch.randn(2, 16)).repeat(1, 16)).sum().backward()
+        optimizer.step()
+    assert model_hooks(mon).backward_timing == "hooks"
+    mon.close()
+    for step in sorted_steps(ingest):
+        (backward,) = backward_spans(step)
+        assert BACKWARD_SLEEP <= backward.duration < BACKWARD_SLEEP + FORWARD_SLEEP  # G's, not D's too
+
+
+class SyncOnLast(nn.Module):
+    """Queues a slow final callback in the backward of the last micro-batch of a step only, as
+    FSDP2 does when it reduces on the last micro-batch of gradient accumulation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sync = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _QueueSlowCallback.apply(x) if self.sync else x
+
+
+def test_a_slow_final_callback_on_one_microbatch_in_four_keeps_the_hooks(ingest, attach_fast):
+    sync = SyncOnLast()
+    model = nn.Sequential(nn.Linear(16, 16), sync, mlp(backward_sleep=BACKWARD_SLEEP))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = attach_fast(model, optimizer, server=ingest.address)
+    for _ in range(STEPS):
+        for microbatch in range(4):
+            sync.sync = microbatch == 3
+            model(torch.randn(2, 16)).sum().backward()
+        optimizer.step()
+    assert model_hooks(mon).backward_timing == "hooks"
+    mon.close()
+    for step in sorted_steps(ingest):
+        spans = backward_spans(step)
+        assert [s.microbatch for s in spans] == [0, 1, 2, 3]
+        assert all(BACKWARD_SLEEP <= s.duration < BACKWARD_SLEEP + FORWARD_SLEEP for s in spans)
+
+
+def test_all_forwards_before_all_backwards_records_each_backward_once(ingest, attach_fast):
+    """GPipe order: forwards hooked before the switch still carry the output hook; the call that
+    took over times their backward, the hook must not record it again."""
+    model = mlp(backward_sleep=BACKWARD_SLEEP)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = attach_fast(model, optimizer, server=ingest.address)
+    for _ in range(STEPS):
+        losses = [model(torch.randn(2, 16)).sum() for _ in range(3)]  # 3 does not divide the probe's 8
+        for loss in losses:
+            loss.backward()
+        optimizer.step()
+    assert model_hooks(mon).backward_timing == "calls"
+    mon.close()
+    assert mon.counters()["errors"] == 0
+    for step in sorted_steps(ingest):
+        spans = backward_spans(step)
+        assert [s.microbatch for s in spans] == [0, 1, 2]
+        assert all(s.duration >= BACKWARD_SLEEP for s in spans)
+
+
+def test_a_loop_that_changes_after_the_switch_goes_back_to_hooks(ingest, attach_fast, monkeypatch):
+    """Re-probes every RECHECK_EVERY forwards: a stable loop stays on the call; a library that
+    restores the original torch.autograd.backward (dropping SMon's wrapper) sends it back to hooks."""
+    monkeypatch.setattr(smon_hooks, "RECHECK_EVERY", 5)
+    rechecks: list[int] = []
+    recheck = smon_hooks.ModelHooks._recheck
+
+    def counted(self: Any) -> None:
+        rechecks.append(1)
+        recheck(self)
+
+    monkeypatch.setattr(smon_hooks.ModelHooks, "_recheck", counted)
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    original = torch.autograd.backward
+    mon = attach_fast(model, optimizer, server=ingest.address)
+    hooks = model_hooks(mon)
+    seen: set[str] = set()
+    first = STEPS + 20  # steps before the wrapper is dropped: the probe, then at least 4 re-probes
+    for _ in range(first):
+        plain(model, torch.randn(2, 16))
+        optimizer.step()
+        seen.add(hooks.backward_timing)
+    # A re-probe is over within its step; one slowed by a preempted thread starts a whole probe.
+    assert len(rechecks) >= 3 and "calls" in seen and hooks.backward_timing in ("calls", "probe")
+    assert torch.autograd.backward is not original
+    torch.autograd.backward = original  # e.g. a framework that saved the original before attach
+    for _ in range(10):
+        plain(model, torch.randn(2, 16))
+        optimizer.step()
+    assert hooks.backward_timing == "hooks"
+    mon.close()
+    assert mon.counters()["errors"] == 0
+    steps = sorted_steps(ingest)
+    assert len(steps) == first + 10
+    missing = [s.step for s in steps if len(backward_spans(s)) != 1]
+    # Only steps between dropping the wrapper and the next re-probe may lack their backward.
+    assert all(first <= n < first + 5 for n in missing)
+    assert backward_spans(steps[-1])
+
+
+class RaiseInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        raise ValueError("user backward failed")
+
+
+def test_a_backward_that_raises_under_the_call_leaves_no_open_phase(ingest, attach_fast):
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = attach_fast(model, optimizer, server=ingest.address)
+    for _ in range(STEPS):
+        plain(model, torch.randn(2, 16))
+        optimizer.step()
+    assert model_hooks(mon).backward_timing == "calls"
+    out = RaiseInBackward.apply(model(torch.randn(2, 16))).sum()
+    with pytest.raises(ValueError, match="user backward failed"):
+        out.backward()
+    assert not [kind for kind, _ in mon.tracker._open if kind == "backward"]
+    optimizer.step()
+    plain(model, torch.randn(2, 16))
+    optimizer.step()
+    mon.close()
+    assert mon.counters()["errors"] == 0
+    steps = sorted_steps(ingest)
+    assert backward_spans(steps[STEPS]) == []  # the failed backward: no span
+    assert len(backward_spans(steps[STEPS + 1])) == 1
+
+
+def test_device_clocks_never_probe(ingest, attach_fast):
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = attach_fast(model, optimizer, server=ingest.address, timing=CudaClock(FakeCuda()))
+    for _ in range(STEPS):
+        plain(model, torch.randn(2, 16))
+        optimizer.step()
+    assert model_hooks(mon).backward_timing == "hooks"

@@ -195,11 +195,13 @@ def test_api_token(database_url: str) -> None:
 
 
 def test_stalled_job_is_diagnosed_as_hang(database_url: str) -> None:
-    settings = server_settings(database_url, stall_seconds=1.0)
+    # The heartbeats below must still be fresh (within stall_seconds) when the summary is read,
+    # after an analysis pass: 3 s leaves room for a loaded runner (1 s once read "finished").
+    settings = server_settings(database_url, stall_seconds=3.0)
     with BackgroundServer(settings) as server, httpx.Client(base_url=server.http_url) as c:
         job = f.new_job_id("hang")
         push_job(server, job)
-        time.sleep(1.2)
+        time.sleep(3.2)
         # Heartbeats keep coming (the processes live) but no step ends: ranks 0, 1, 3 wait in
         # grad_sync while rank 2 is stuck in forward.
         with grpc.insecure_channel(server.grpc_target) as channel:
