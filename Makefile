@@ -34,10 +34,17 @@ $(WEB_DIST): web/node_modules/.installed $(WEB_SRC)
 demo: venv web
 	$(VENV)/bin/smon demo
 
+# Two passes: the quick tests on TEST_WORKERS processes (pytest-xdist), then the tests that time
+# real multi-process jobs or kill servers (marked `slow` or `torch`) one at a time, so their
+# margins are not shared with other tests' load. Exit code 5 is "nothing selected" (a
+# PYTEST_ARGS that picks tests of one pass only).
+TEST_WORKERS ?= 2
+
 test: venv web
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) -m "not (slow or torch)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -q -ra -p no:xdist -m "slow or torch" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: venv
 	$(PY) -m ruff check .

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -19,13 +20,17 @@ def debian_tool(command: str, package: str) -> str:
     if os.environ.get("CI") != "true":
         pytest.skip(f"{command} is not installed (Debian package {package!r}; CI installs it)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
+    # Test processes run side by side (pytest-xdist): one installs, the others wait and find it.
+    with open("/tmp/smon-tests-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not shutil.which(command):
+            subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True)
+            subprocess.run(
+                ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package],
+                check=True,
+                env=env,
+                capture_output=True,
+            )
     found = shutil.which(command)
     if not found:
         pytest.fail(f"installed Debian package {package!r} but {command} is still not on PATH")

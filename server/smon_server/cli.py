@@ -57,7 +57,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from smon_server import demo
+    from smon_server.demo import runner as demo
 
     return demo.main(
         settings=_settings(args),

@@ -80,3 +80,14 @@ def test_context_manager_closes(ingest, attach_fast):
         mon.step()
     assert ingest.servicer.step_numbers() == [0]
     assert mon.counters()["queued"] == 0
+
+
+def test_demo_training_scripts_do_not_load_the_server_stack():
+    # Every rank of a demo or test job imports one of these: the server's web and database stack
+    # (FastAPI, SQLAlchemy, uvicorn: ~2 s per rank on a 2-core machine) has no place there.
+    scripts = ("train", "loop_train", "pipeline_train")
+    server_side = "[m for m in ('fastapi', 'sqlalchemy', 'uvicorn', 'alembic', 'httpx') if m in sys.modules]"
+    imports = "; ".join(f"import smon_server.demo.{s}" for s in scripts)
+    code = f"import sys; {imports}; print({server_side})"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
