@@ -26,6 +26,11 @@ Figures:
 2. Step time on a 2-rank gloo DDP job (spawned here, one intra-op thread per rank, MLP sized to a
    ~20 ms step, each variant its own DDP model): per block the median step on rank 0, over the
    same round's `none` block, median and interquartile range over rounds.
+1b. Calls per step on the training thread, counted with `sys.setprofile` over a few hundred steps
+   of each variant: Python functions and C functions (builtins, torch's bindings) called from
+   Python, over `none`'s. Unlike time, this does not move with the machine's speed or load, so
+   it shows a change of a few calls that the timings above cannot resolve on a noisy VM. It does
+   not weigh calls (one `perf_counter` counts like one hook).
 3. The agent's CPU off the training thread (its feeder thread in the training process; its shipper
    process), per step of the tiny loop, from /proc, measured on its own before the rounds (during
    them SMon's background threads run beside every variant, so they show in none of figures 1-2:
@@ -234,6 +239,23 @@ class Variants:
         if self.detector is not None:
             self.detector.shutdown()
 
+    def calls(self, variant: str, n: int) -> tuple[float, float]:
+        """(Python calls, C calls) per step of `variant` on this thread, over `n` steps."""
+        counts = {"call": 0, "c_call": 0}
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event in counts:
+                counts[event] += 1
+
+        sys.setprofile(count)
+        try:
+            self.block(variant, n)
+        finally:
+            sys.setprofile(None)
+        # block()'s own calls around the loop (thread_time, median, ...) are the same in every
+        # variant and cancel in the differences.
+        return counts["call"] / n, counts["c_call"] / n
+
     def block(self, variant: str, n: int) -> tuple[float, float, float]:
         """`n` steps of `variant`: (mean and median step seconds, training-thread CPU s per step)."""
         import torch
@@ -330,6 +352,21 @@ def report_tiny(results: dict[str, list[tuple[float, float, float]]]) -> dict[st
             f"{100 * medians['nvidia'] / none_cpu:.1f}%)"
         )
     return medians
+
+
+def report_calls(variants: Variants, steps: int = 640) -> None:
+    """Figure 1b: calls per step over `none`'s (deterministic, unlike the timings)."""
+    counted = {v: variants.calls(v, steps) for v in VARIANTS if v != "A/A"}
+    base_py, base_c = counted["none"]
+    print(
+        f"1b) calls per step on the training thread ({steps} steps; "
+        f"`none`: {base_py:.0f} Python, {base_c:.0f} C):"
+    )
+    for variant in ("smon", "nvidia"):
+        py, c = counted[variant]
+        if variant == "nvidia" and variants.detector is None:
+            continue
+        print(f"  {variant:6s}: +{py - base_py:.1f} Python, +{c - base_c:.1f} C calls per step")
 
 
 def report_ddp(results: dict[str, list[tuple[float, float, float]]]) -> None:
@@ -460,6 +497,7 @@ def main() -> None:
                 "cost over the same round's `none`, median (interquartile range):"
             )
             cpu = report_tiny(rounds_of(tiny, args.rounds, args.tiny_steps))
+            report_calls(tiny)
         finally:
             tiny.stop()
         if "smon" in cpu and not math.isnan(in_process):

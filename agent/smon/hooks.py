@@ -283,11 +283,8 @@ class ModelHooks:
             return None
         try:
             probe = self._probe
-            if probe is None:  # timed by the call
-                microbatch = tracker.next_backward(self.chunk)
-                if microbatch is None:
-                    return None  # no forward waits for a backward: not this model's
-                return microbatch, tracker.open("backward")
+            if probe is None:  # timed by the call (None: no forward waits for a backward)
+                return tracker.open_backward(self.chunk)
             probe.begin(tracker.next_backward(self.chunk))
         except Exception as exc:
             self._errors.report("backward_call", exc)
@@ -403,11 +400,12 @@ class OptimizerHooks:
         if not tracker.active:
             return None
         try:
-            end = None
-            if self._start is not None:
-                end = tracker.close("optimizer", self._start)
+            start = self._start
+            if start is not None:
                 self._start = None
-            tracker.end_step(end=end)
+                tracker.end_step(closing=("optimizer", start))
+            else:
+                tracker.end_step()
         except Exception as exc:
             self._errors.report("optimizer_post_hook", exc)
         return None

@@ -158,7 +158,8 @@ class StepTracker:
 
     # -- micro-batches ----------------------------------------------------------------------
     # A training forward is one phase and one micro-batch: the tracker keeps both, and the hooks
-    # make one call to it each way.
+    # make one call to it each way. These run on every forward and backward, so they do `open` /
+    # `close`'s work themselves rather than call them (each Python call is training-thread time).
     def open_forward(self, chunk: int) -> tuple[int, Mark]:
         """A training forward of model chunk `chunk` starts now: (its micro-batch index among this
         step's forwards of that chunk, its start mark)."""
@@ -166,12 +167,29 @@ class StepTracker:
         index = forwards.get(chunk, 0)
         forwards[chunk] = index + 1
         self._forward_open = index
-        return index, self.open("forward")
+        mark = self._mark()
+        if self._start is None:
+            self._start = mark
+        opened = self._open
+        opened.append(("forward", mark))
+        if len(opened) > _MAX_OPEN_PHASES:
+            del opened[0]
+        return index, mark
 
     def close_forward(self, kind: str, start: Mark, microbatch: int | None, chunk: int) -> Mark:
         """The forward opened at `start` returned (`kind` is "forward" or "eval")."""
         self._forward_open = None
-        return self.close(kind, start, microbatch, chunk)
+        end = self._mark()
+        spans = self._spans
+        if len(spans) >= MAX_SPANS_PER_STEP:
+            return self.close(kind, start, microbatch, chunk, end)  # past the cap: said once there
+        spans.append((kind, start, end, microbatch, chunk))
+        opened = self._open
+        if opened and opened[-1][1] is start:
+            opened.pop()
+        else:
+            self.discard(start)
+        return end
 
     def abandon_forward(self, start: Mark) -> None:
         """The forward opened at `start` raised: no span."""
@@ -187,6 +205,23 @@ class StepTracker:
             return None
         backwards[chunk] = index + 1
         return index
+
+    def open_backward(self, chunk: int) -> tuple[int, Mark] | None:
+        """`next_backward` and, when a forward waits for it, a "backward" phase opened now:
+        (micro-batch, start mark)."""
+        backwards = self._backwards
+        index = backwards.get(chunk, 0)
+        if index >= self._forwards.get(chunk, 0):
+            return None
+        backwards[chunk] = index + 1
+        mark = self._mark()
+        if self._start is None:
+            self._start = mark
+        opened = self._open
+        opened.append(("backward", mark))
+        if len(opened) > _MAX_OPEN_PHASES:
+            del opened[0]
+        return index, mark
 
     def paired_backwards(self, chunk: int) -> int:
         """Backward calls of model chunk `chunk` paired with a forward this step."""
@@ -210,13 +245,29 @@ class StepTracker:
         """Renumber the step in progress (e.g. after restoring a checkpoint)."""
         self.step = step
 
-    def end_step(self, end: Mark | None = None, number: int | None = None) -> None:
-        """Close the step in progress at `end` (default now); the next step starts at the same mark."""
+    def end_step(
+        self, end: Mark | None = None, number: int | None = None, closing: tuple[str, Mark] | None = None
+    ) -> None:
+        """Close the step in progress at `end` (default now); the next step starts at the same mark.
+
+        `closing` (kind, start mark): a phase that ends with the step (the optimizer's), closed
+        here rather than by a `close` call of its own, since this runs on every step."""
         if end is None:
             end = self._mark()
+        spans = self._spans
+        if closing is not None:
+            kind, opened_at = closing
+            if len(spans) >= MAX_SPANS_PER_STEP:
+                self.close(kind, opened_at, end=end)  # past the cap: said once there
+            else:
+                spans.append((kind, opened_at, end, None, 0))
+                opened = self._open
+                if opened and opened[-1][1] is opened_at:
+                    opened.pop()
+                else:
+                    self.discard(opened_at)
         step = self.step if number is None else number
         start = self._start
-        spans = self._spans
         self._spans = []
         seq: Sequence[SeqSample] = self._seq
         if seq:

@@ -73,6 +73,37 @@ def test_a_step_that_never_ends_keeps_memory_bounded(caplog):
     assert len(raws[0].spans) == MAX_SPANS_PER_STEP and said == [0]
 
 
+def test_the_fused_forward_backward_and_optimizer_paths_keep_the_cap_and_the_open_phases():
+    """open_forward / close_forward / open_backward / end_step(closing=) do open and close's work inline."""
+    from smon.steps import MAX_SPANS_PER_STEP
+
+    said: list[int] = []
+    tracker = StepTracker(HostClock(), on_overflow=said.append)
+    microbatch, start = tracker.open_forward(0)
+    assert tracker.heartbeat().phase == "forward"
+    tracker.close_forward("forward", start, microbatch, 0)
+    began = tracker.open_backward(0)
+    assert began is not None and began[0] == 0 and tracker.heartbeat().phase == "backward"
+    assert tracker.open_backward(0) is None  # one forward, one backward
+    tracker.close("backward", began[1], began[0], 0)
+    outer = tracker.open("optimizer")
+    inner = tracker.open("custom")  # still open when the step ends: it is discarded, not leaked
+    tracker.end_step(closing=("optimizer", outer))
+    assert tracker.heartbeat().phase == "custom"
+    tracker.discard(inner)
+    (raw,) = tracker.collect()
+    assert [(k, mb) for k, _, _, mb, _ in raw.spans] == [("forward", 0), ("backward", 0), ("optimizer", None)]
+    assert raw.end == raw.spans[-1][2] and tracker.heartbeat().phase == ""
+
+    for _ in range(MAX_SPANS_PER_STEP + 10):
+        microbatch, start = tracker.open_forward(0)
+        tracker.close_forward("forward", start, microbatch, 0)
+    tracker.end_step(closing=("optimizer", tracker.open("optimizer")))
+    (raw,) = tracker.collect()
+    assert len(raw.spans) == MAX_SPANS_PER_STEP and said == [1]
+    assert tracker.heartbeat().phase == ""  # every phase opened past the cap was closed too
+
+
 def test_collect_places_gc_pauses_in_their_steps_and_counts_dropped_steps():
     drained = [[(5.0, 0.1), (15.0, 0.2), (25.0, 0.3)]]
     tracker = StepTracker(HostClock(), gc_drain=lambda: drained.pop() if drained else [])
