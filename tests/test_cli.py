@@ -42,6 +42,20 @@ def test_analyze_json_prints_the_summary_object() -> None:
     assert summary["slowdown"] == pytest.approx(expected, rel=0.01)
     assert summary["diagnoses"][0]["cause"] == "stage_imbalance"
 
+    # `smon demo` prints a summary of this same shape: its renderer reads every field it shows.
+    from rich.console import Console
+
+    from smon_server.demo import runner
+
+    console = Console(record=True, width=200)
+    original, runner.console = runner.console, console
+    try:
+        runner.render_summary(summary)
+    finally:
+        runner.console = original
+    shown = console.export_text()
+    assert f"slowdown {summary['slowdown']:.2f}x" in shown and "Diagnosis: stage_imbalance" in shown
+
 
 def test_analyze_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     done = smon("analyze", str(tmp_path / "nope.parquet"))
