@@ -23,14 +23,14 @@ Figures:
    the monitors' per-step work is all there is to time: training-thread CPU (`thread_time`) and
    wall clock per step (means over the block), each minus the same round's `none` block, median
    and interquartile range over rounds.
-2. Step time on a 2-rank gloo DDP job (spawned here, one intra-op thread per rank, MLP sized to a
-   ~20 ms step, each variant its own DDP model): per block the median step on rank 0, over the
-   same round's `none` block, median and interquartile range over rounds.
 1b. Calls per step on the training thread, counted with `sys.setprofile` over a few hundred steps
    of each variant: Python functions and C functions (builtins, torch's bindings) called from
    Python, over `none`'s. Unlike time, this does not move with the machine's speed or load, so
-   it shows a change of a few calls that the timings above cannot resolve on a noisy VM. It does
-   not weigh calls (one `perf_counter` counts like one hook).
+   it shows a change of a few calls that figure 1's timings cannot resolve on a noisy VM. It
+   does not weigh calls (one `perf_counter` counts like one hook).
+2. Step time on a 2-rank gloo DDP job (spawned here, one intra-op thread per rank, MLP sized to a
+   ~20 ms step, each variant its own DDP model): per block the median step on rank 0, over the
+   same round's `none` block, median and interquartile range over rounds.
 3. The agent's CPU off the training thread (its feeder thread in the training process; its shipper
    process), per step of the tiny loop, from /proc, measured on its own before the rounds (during
    them SMon's background threads run beside every variant, so they show in none of figures 1-2:
@@ -318,7 +318,7 @@ def spread(values: list[float], fmt: str) -> str:
 def report_tiny(results: dict[str, list[tuple[float, float, float]]]) -> dict[str, float]:
     """Per variant: µs per step over `none` of the same round (CPU and wall); returns CPU medians.
 
-    Absolute µs follow the CPU's speed (this VM's `none` step has measured 237-1000 µs on
+    Absolute µs follow the CPU's speed (this VM's `none` step has measured 237-1423 µs on
     different days), so SMon is also put against the detector in the same rounds and against
     `none`'s own step.
     """

@@ -31,7 +31,7 @@ def test_db_upgrade_migrates_to_head(database_url: str) -> None:
     assert head is not None and f"revision {head}" in done.stdout
 
 
-def test_analyze_json_prints_the_summary_object() -> None:
+def test_analyze_json_prints_the_summary_object(monkeypatch: pytest.MonkeyPatch) -> None:
     folder = shared_dir() / "conformance" / "whatif"
     if not (folder / "trace-ST.parquet").exists():
         skip_or_fail(f"conformance traces not found in {folder}")
@@ -48,11 +48,8 @@ def test_analyze_json_prints_the_summary_object() -> None:
     from smon_server.demo import runner
 
     console = Console(record=True, width=200)
-    original, runner.console = runner.console, console
-    try:
-        runner.render_summary(summary)
-    finally:
-        runner.console = original
+    monkeypatch.setattr(runner, "console", console)
+    runner.render_summary(summary)
     shown = console.export_text()
     assert f"slowdown {summary['slowdown']:.2f}x" in shown and "Diagnosis: stage_imbalance" in shown
 
