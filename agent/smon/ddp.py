@@ -25,10 +25,7 @@ def is_ddp(module: Any) -> bool:
     return isinstance(module, DistributedDataParallel)
 
 
-def syncs_gradients(ddp: Any) -> bool:
-    """Whether the backward of the forward that just ran all-reduces (False under `no_sync()`).
-
-    DDP decides in forward (`torch.is_grad_enabled() and require_backward_grad_sync`); a training
-    forward has grad enabled, so the flag is what is left to read.
-    """
-    return bool(getattr(ddp, "require_backward_grad_sync", True))
+# DDP decides in forward whether the backward will all-reduce (`torch.is_grad_enabled() and
+# require_backward_grad_sync`; False under `no_sync()`); a training forward has grad enabled, so
+# this flag is what is left to read. `ModelHooks.end` reads it inline on every forward.
+SYNC_FLAG = "require_backward_grad_sync"

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from smon.backward_calls import CALLS, RECHECK_EVERY, SLOW_PROBES_TOLERATED, Probe
-from smon.ddp import is_ddp, syncs_gradients
+from smon.ddp import SYNC_FLAG, is_ddp
 from smon.errors import ErrorCounter
 from smon.seqstats import lengths_from_forward_kwargs
 from smon.steps import MAX_SPANS_PER_STEP, StepTracker
@@ -65,33 +65,6 @@ def first_grad_tensor(output: Any, depth: int = 0) -> torch.Tensor | None:
         if found is not None:
             return found
     return None
-
-
-def hook_backward_start(tensor: Any, hooks: dict[str, Any], plain_tensor: Any) -> None:
-    """Have `hooks["smon"]` called with the gradient w.r.t. `tensor` (the start of its backward).
-
-    `tensor.register_hook` builds a new `OrderedDict` and a `RemovableHandle` per call, and a
-    tensor that still holds a hook dict when it is freed costs more again: ~7 µs of training-thread
-    time per forward in a small training loop with a data loader and Adam. Instead, a plain tensor
-    with no hooks of its own lends its `_backward_hooks` slot for one call: the grad_fn registers
-    `hooks` (one dict made once and reused every step, with its one entry) exactly as
-    `register_hook` would have registered a new one, and the slot is emptied again. That costs
-    ~3 µs, and the dict never shows on the tensor: a user's later `register_hook` makes the
-    tensor its own dict, so their hooks neither land in SMon's shared one nor run for other steps.
-    Anything else (tensor subclasses, tensors with hooks already, leaves) uses the public call.
-    """
-    grad_fn = tensor.grad_fn
-    if (
-        type(tensor) is plain_tensor
-        and tensor._backward_hooks is None
-        and grad_fn is not None
-        and hasattr(grad_fn, "_register_hook_dict")
-    ):
-        tensor._backward_hooks = hooks
-        grad_fn._register_hook_dict(tensor)
-        tensor._backward_hooks = None
-    else:
-        tensor.register_hook(hooks["smon"])
 
 
 class _Backward:
@@ -137,14 +110,18 @@ class _Backward:
         try:
             if not tracker.active:
                 return
-            end = tracker.close("backward", self.start, self.microbatch, owner.chunk)
+            queue = owner._queue_callback
+            if self.sync and queue is not None:  # DDP (never probed): grad_sync starts where backward ends
+                self.sync_start = tracker.close_and_open(
+                    "backward", self.start, self.microbatch, owner.chunk, "grad_sync"
+                )
+                queue(self.synced)
+                return
+            tracker.close("backward", self.start, self.microbatch, owner.chunk)
             probe = owner._probe
-            if probe is not None and owner._queue_callback is not None:
+            if probe is not None and queue is not None:
                 probe.graph_end = time.perf_counter()
-                owner._queue_callback(probe.after_callbacks)
-            if self.sync and owner._queue_callback is not None:
-                self.sync_start = tracker.open("grad_sync", end)
-                owner._queue_callback(self.synced)
+                queue(probe.after_callbacks)
         except Exception as exc:
             owner._errors.report("backward_end_callback", exc)
 
@@ -263,8 +240,31 @@ class ModelHooks:
                         backward = backwards[microbatch]
                     else:
                         return  # past the step's span cap: the backward would not be recorded
-                    backward.sync = self._ddp and syncs_gradients(self.module)
-                    hook_backward_start(tensor, backward.hooks, self._tensor_type)
+                    backward.sync = self._ddp and bool(getattr(self.module, SYNC_FLAG, True))
+                    # Have backward.hooks["smon"] called with the gradient w.r.t. `tensor` (the
+                    # start of its backward). `tensor.register_hook` builds a new OrderedDict and
+                    # a RemovableHandle per call, and a tensor still holding a hook dict when it is
+                    # freed costs more again (~7 µs a forward in a small loop). Instead a plain
+                    # tensor with no hooks of its own lends its `_backward_hooks` slot for one
+                    # call: the grad_fn registers SMon's dict (made once, reused every step) as
+                    # register_hook would have registered a new one, and the slot is emptied
+                    # again (~3 µs). The dict never shows on the tensor: a user's later
+                    # register_hook makes the tensor its own dict, so their hooks neither land in
+                    # SMon's nor run for other steps. Anything else (tensor subclasses, tensors
+                    # with hooks already, leaves) takes the public call. Inlined, as is reading
+                    # DDP's flag above: this runs on every training forward.
+                    grad_fn = tensor.grad_fn
+                    if (
+                        type(tensor) is self._tensor_type
+                        and tensor._backward_hooks is None
+                        and grad_fn is not None
+                        and hasattr(grad_fn, "_register_hook_dict")
+                    ):
+                        tensor._backward_hooks = backward.hooks  # type: ignore[assignment]  # a str key: no clash with torch's ints
+                        grad_fn._register_hook_dict(tensor)
+                        tensor._backward_hooks = None
+                    else:
+                        tensor.register_hook(backward.hooks["smon"])
         except Exception as exc:
             self._errors.report("forward_hook", exc)
 

@@ -148,6 +148,29 @@ class StepTracker:
             self.discard(start)
         return end
 
+    def close_and_open(
+        self, kind: str, start: Mark, microbatch: int | None, chunk: int, next_kind: str
+    ) -> Mark:
+        """Close `kind` (opened at `start`) and open `next_kind` at the same mark, in one call:
+        DDP's backward-end callback does this every step (backward ends, grad_sync begins)."""
+        spans = self._spans
+        opened = self._open
+        if len(spans) >= MAX_SPANS_PER_STEP:
+            end = self.close(kind, start, microbatch, chunk)  # past the cap: said once there
+        else:
+            end = self._mark()
+            spans.append((kind, start, end, microbatch, chunk))
+            if opened and opened[-1][1] is start:
+                opened.pop()
+            else:
+                self.discard(start)
+        if self._start is None:
+            self._start = end
+        opened.append((next_kind, end))
+        if len(opened) > _MAX_OPEN_PHASES:
+            del opened[0]
+        return end
+
     def discard(self, start: Mark) -> None:
         """Forget an open phase without recording a span."""
         opened = self._open

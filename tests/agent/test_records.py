@@ -104,6 +104,36 @@ def test_the_fused_forward_backward_and_optimizer_paths_keep_the_cap_and_the_ope
     assert tracker.heartbeat().phase == ""  # every phase opened past the cap was closed too
 
 
+def test_close_and_open_hands_backward_over_to_grad_sync_at_one_mark_and_keeps_the_cap():
+    """DDP's backward-end callback closes backward and opens grad_sync in one call."""
+    from smon.steps import MAX_SPANS_PER_STEP
+
+    said: list[int] = []
+    tracker = StepTracker(HostClock(), on_overflow=said.append)
+    outer = tracker.open("custom")
+    began = tracker.open("backward")
+    sync = tracker.close_and_open("backward", began, 3, 1, "grad_sync")
+    assert tracker.heartbeat().phase == "grad_sync"
+    tracker.close("grad_sync", sync, None, 1)
+    assert tracker.heartbeat().phase == "custom"  # the enclosing phase stays open
+    tracker.close("custom", outer)
+    tracker.end_step()
+    (raw,) = tracker.collect()
+    spans = {k: (s, e, mb, chunk) for k, s, e, mb, chunk in raw.spans}
+    assert spans["backward"][1] == spans["grad_sync"][0] == sync  # no gap, no overlap
+    assert spans["backward"][2:] == (3, 1) and spans["grad_sync"][2:] == (None, 1)
+
+    for _ in range(MAX_SPANS_PER_STEP):
+        tracker.close("custom", tracker.open("custom"))
+    began = tracker.open("backward")
+    sync = tracker.close_and_open("backward", began, 0, 0, "grad_sync")
+    assert tracker.heartbeat().phase == "grad_sync" and said == [1]  # past the cap: said once
+    tracker.close("grad_sync", sync)
+    tracker.end_step()
+    (raw,) = tracker.collect()
+    assert len(raw.spans) == MAX_SPANS_PER_STEP and tracker.heartbeat().phase == ""
+
+
 def test_collect_places_gc_pauses_in_their_steps_and_counts_dropped_steps():
     drained = [[(5.0, 0.1), (15.0, 0.2), (25.0, 0.3)]]
     tracker = StepTracker(HostClock(), gc_drain=lambda: drained.pop() if drained else [])
