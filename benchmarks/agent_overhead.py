@@ -2,9 +2,16 @@
 
 Four variants of the same loop, each its own copy of model, optimizer and data loader set up once
 (SMon attached, the NVIDIA detector initialised), run in short interleaved blocks, many rounds,
-each round in a rotated order: this VM's speed drifts by ±10-20% over seconds, and blocks of a
+each round in a shuffled order: this VM's speed drifts by ±10-20% over seconds, and blocks of a
 few steps of each variant back to back put that drift on all of them alike. (Long blocks with an
-attach per block, as this benchmark first did, gave an A/A control spanning -15% .. +20%.)
+attach per block, as this benchmark first did, gave an A/A control spanning -15% .. +20%.) Each
+variant's epoch carries on from block to block, as in training.
+
+Every figure is a median over rounds of the per-round difference from `none`, with its 95%
+bootstrap confidence interval (how well the median is known) and the interquartile range (how
+far one round strays). A target line says "met" only when the whole interval is on its side of
+the bound. The A/A control's own offset shows what two identical copies differ by here, beyond
+the interval: the floor of what the run can tell apart.
 
 - `none`: the training loop as a user writes it;
 - `smon`: the same loop after `smon.attach(model, optimizer, dataloader)`, shipping to a real
@@ -21,16 +28,21 @@ Figures:
 
 1. Training-thread cost on a tiny single-process loop (8-wide MLP, batch 1, DataLoader, Adam), where
    the monitors' per-step work is all there is to time: training-thread CPU (`thread_time`) and
-   wall clock per step (means over the block), each minus the same round's `none` block, median
-   and interquartile range over rounds.
+   wall clock per step (means over the block), each minus the same round's `none` block.
 1b. Calls per step on the training thread, counted with `sys.setprofile` over a few hundred steps
    of each variant: Python functions and C functions (builtins, torch's bindings) called from
    Python, over `none`'s. Unlike time, this does not move with the machine's speed or load, so
    it shows a change of a few calls that figure 1's timings cannot resolve on a noisy VM. It
    does not weigh calls (one `perf_counter` counts like one hook).
+1c. Figure 1 with the tiny model wrapped in DDP on a one-rank gloo group: SMon's DDP path (the
+   output hook and two engine callbacks that time gradient sync) costs more than a plain loop's,
+   and this times it without a second rank's jitter.
 2. Step time on a 2-rank gloo DDP job (spawned here, one intra-op thread per rank, MLP sized to a
-   ~20 ms step, each variant its own DDP model): per block the median step on rank 0, over the
-   same round's `none` block, median and interquartile range over rounds.
+   ~20 ms step, each variant its own DDP model): rounds of one step of each variant (blocks of 10
+   steps halve a round's spread but take ten times the steps: for as many steps run, their
+   median's interval was 2.3 times as wide here), both ranks meeting at a barrier before each,
+   so that a rank one variant's step left behind is not charged to the next variant's step; the
+   step on rank 0 over the same round's `none` step.
 3. The agent's CPU off the training thread (its feeder thread in the training process; its shipper
    process), per step of the tiny loop, from /proc, measured on its own before the rounds (during
    them SMon's background threads run beside every variant, so they show in none of figures 1-2:
@@ -40,7 +52,10 @@ nvidia-resiliency-ext (0.4.1 is the release the issue measured) is optional and 
 `make test`; install it without its dependencies, which would otherwise pull a CUDA torch:
 
     .venv/bin/pip install --no-deps nvidia-resiliency-ext==0.4.1
-    .venv/bin/python benchmarks/agent_overhead.py [--rounds 300] [--ddp-rounds 80]
+    .venv/bin/python benchmarks/agent_overhead.py [--rounds 300] [--ddp-rounds 3000]
+
+It takes about 10 minutes with the defaults, most of it figure 2: 3000 rounds put the 95%
+interval of its median at about ±0.8% on this 2-core VM.
 """
 
 from __future__ import annotations
@@ -51,6 +66,7 @@ import logging
 import math
 import multiprocessing as mp
 import os
+import random
 import socket
 import statistics
 import sys
@@ -300,15 +316,22 @@ class Variants:
 
 
 def rounds_of(
-    variants: Variants, rounds: int, steps: int, on_round: Callable[[int], None] | None = None
+    variants: Variants, rounds: int, steps: int, before_block: Callable[[], None] | None = None
 ) -> dict[str, list[tuple[float, float, float]]]:
-    """Per variant, per round: `Variants.block`'s figures, each round in a rotated order."""
+    """Per variant, per round: `Variants.block`'s figures, each round in a shuffled order.
+
+    Shuffled (seeded, so every rank of a job draws the same orders) rather than rotated: in a
+    rotation each variant always follows the same other one, and whatever a block leaves behind
+    (a rank running late, cold caches) would always land on the same neighbour.
+    """
     out: dict[str, list[tuple[float, float, float]]] = {v: [] for v in VARIANTS}
-    for r in range(rounds):
-        if on_round is not None:
-            on_round(r)
-        order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
+    order = list(VARIANTS)
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(order)
         for variant in order:
+            if before_block is not None:
+                before_block()
             out[variant].append(variants.block(variant, steps))
     return out
 
@@ -466,7 +489,9 @@ def ddp_rank(rank: int, port: int, server: str, rounds: int, steps: int, width: 
     try:
         for variant in VARIANTS:
             variants.block(variant, WARMUP_STEPS)
-        results = rounds_of(variants, rounds, steps, on_round=lambda r: dist.barrier())
+        # A barrier before each block: both ranks start it together, so a rank that a variant's
+        # step left behind is not charged to the next variant's step on the other rank.
+        results = rounds_of(variants, rounds, steps, before_block=dist.barrier)
     finally:
         variants.stop()
     if rank == 0:
@@ -537,8 +562,8 @@ def main() -> None:
     parser.add_argument(
         "--ddp-tiny-rounds", type=int, default=100, help="rounds of the one-rank DDP tiny loop (0: skip it)"
     )
-    parser.add_argument("--ddp-rounds", type=int, default=80, help="rounds of the DDP job (0: skip it)")
-    parser.add_argument("--ddp-steps", type=int, default=10, help="steps per DDP block")
+    parser.add_argument("--ddp-rounds", type=int, default=3000, help="rounds of the DDP job (0: skip it)")
+    parser.add_argument("--ddp-steps", type=int, default=1, help="steps per DDP block")
     parser.add_argument("--width", type=int, default=512, help="MLP width of the DDP job")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -574,7 +599,7 @@ def main() -> None:
                 tiny.block(variant, 300)
             print(
                 f"1) tiny loop, {args.rounds} rounds of {args.tiny_steps}-step blocks per variant; "
-                "cost over the same round's `none`, median (interquartile range):"
+                "cost over the same round's `none`, median (95% CI; IQR):"
             )
             cpu = report_tiny(rounds_of(tiny, args.rounds, args.tiny_steps))
             report_calls(tiny)
@@ -595,7 +620,7 @@ def main() -> None:
             print(
                 f"2) 2-rank gloo DDP, MLP {args.width}x3 + Adam, batch {batch} per rank, {args.ddp_rounds} "
                 f"rounds of {args.ddp_steps}-step blocks per variant; rank 0, median step over the same "
-                "round's `none`, median (interquartile range):"
+                "round's `none`, median (95% CI; IQR):"
             )
             report_ddp(ddp)
     finally:
