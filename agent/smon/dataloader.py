@@ -111,32 +111,10 @@ class DataWaitTimer:
     def timed(self, next_fn: Any) -> Any:
         """`next_fn` (an iterator -> its next item) timed: the time blocked in it is a `data_wait` span.
 
-        One closure, made once per iterator class: it is the class's `__next__` itself, so a
-        batch costs one Python call on top of the loader's own."""
-        tracker = self._tracker
-        errors = self._errors
-
-        def __next__(iterator: Any) -> Any:
-            if not tracker.active:
-                return next_fn(iterator)
-            try:
-                start = tracker.open("data_wait")
-            except Exception as exc:
-                errors.report("data_wait", exc)
-                return next_fn(iterator)
-            try:
-                item = next_fn(iterator)
-            except BaseException:
-                # End of epoch (StopIteration) or a loader error: no batch was waited for.
-                tracker.discard(start)
-                raise
-            try:
-                tracker.close("data_wait", start)
-            except Exception as exc:
-                errors.report("data_wait", exc)
-            return item
-
-        return __next__
+        One closure, made once per iterator class (the tracker's, which records the span inline):
+        it is the class's `__next__` itself, so a batch costs one Python call on top of the
+        loader's own."""
+        return self._tracker.timed_next(next_fn, self._errors.report)
 
 
 class _TimedIteratorProxy:

@@ -366,46 +366,23 @@ class ModelHooks:
 
 
 class OptimizerHooks:
-    """`optimizer` span and step boundary: a step ends when `optimizer.step()` returns."""
+    """`optimizer` span and step boundary: a step ends when `optimizer.step()` returns.
+
+    The hook bodies are the tracker's (`StepTracker.optimizer_step_hooks`), which do the phase
+    bookkeeping inline: they run on every step."""
 
     def __init__(self, optimizer: Any, tracker: StepTracker, errors: ErrorCounter):
         self.optimizer = optimizer
-        self._tracker = tracker
-        self._errors = errors
-        self._start: Mark | None = None
+        self._pre, self._post = tracker.optimizer_step_hooks(errors.report)
         self._handles: list[Any] = []
 
     def install(self) -> None:
         self._handles = [
-            self.optimizer.register_step_pre_hook(self._on_step_pre),
-            self.optimizer.register_step_post_hook(self._on_step_post),
+            self.optimizer.register_step_pre_hook(self._pre),
+            self.optimizer.register_step_post_hook(self._post),
         ]
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-
-    def _on_step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self._tracker.active:
-            return None
-        try:
-            self._start = self._tracker.open("optimizer")
-        except Exception as exc:
-            self._errors.report("optimizer_pre_hook", exc)
-        return None
-
-    def _on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        tracker = self._tracker
-        if not tracker.active:
-            return None
-        try:
-            start = self._start
-            if start is not None:
-                self._start = None
-                tracker.end_step(closing=("optimizer", start))
-            else:
-                tracker.end_step()
-        except Exception as exc:
-            self._errors.report("optimizer_post_hook", exc)
-        return None

@@ -184,10 +184,11 @@ def test_hook_failures_are_counted_and_logged_once_never_raised(ingest, attach_f
     loader = torch.utils.data.DataLoader(SlowDataset(n=16), batch_size=4)
     mon = attach_fast(model, optimizer, loader, server=ingest.address)
 
-    def broken(kind: str) -> None:
-        raise RuntimeError("smon bug")
+    class Refusing(list):  # every hook opens a phase: each of them now meets an SMon bug
+        def append(self, item: object) -> None:
+            raise RuntimeError("smon bug")
 
-    monkeypatch.setattr(mon.tracker, "open", broken)
+    monkeypatch.setattr(mon.tracker, "_open", Refusing())
     with caplog.at_level(logging.WARNING, logger="smon"):
         losses = train(model, optimizer, loader)
         with mon.phase("custom"):
@@ -195,6 +196,7 @@ def test_hook_failures_are_counted_and_logged_once_never_raised(ingest, attach_f
     assert len(losses) == 4
     assert mon.counters()["errors"] >= 4 * 3
     kinds = {r.getMessage().split(" failed")[0] for r in caplog.records if "smon bug" in r.getMessage()}
+    assert {"smon: data_wait", "smon: forward_pre_hook", "smon: optimizer_pre_hook", "smon: phase"} <= kinds
     assert len([r for r in caplog.records if "smon bug" in r.getMessage()]) == len(kinds)
     mon.close()
     assert ingest.servicer.step_numbers() == [0, 1, 2, 3]  # step boundaries still recorded

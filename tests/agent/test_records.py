@@ -134,6 +134,50 @@ def test_close_and_open_hands_backward_over_to_grad_sync_at_one_mark_and_keeps_t
     assert len(raw.spans) == MAX_SPANS_PER_STEP and tracker.heartbeat().phase == ""
 
 
+def test_the_data_loader_and_optimizer_hook_bodies_keep_the_cap_and_the_open_phases():
+    """timed_next and optimizer_step_hooks do open and close's work inline."""
+    from smon.steps import MAX_SPANS_PER_STEP
+
+    said: list[int] = []
+    errors: list[str] = []
+    tracker = StepTracker(HostClock(), on_overflow=said.append)
+    phases_seen: list[str] = []
+
+    def fetch(iterator: list[int]) -> int:
+        phases_seen.append(tracker.heartbeat().phase)
+        if not iterator:
+            raise StopIteration
+        return iterator.pop()
+
+    timed = tracker.timed_next(fetch, lambda kind, exc: errors.append(kind))
+    pre, post = tracker.optimizer_step_hooks(lambda kind, exc: errors.append(kind))
+    assert timed([7]) == 7
+    with pytest.raises(StopIteration):
+        timed([])  # the end of an epoch: no batch waited for, no span, nothing left open
+    assert phases_seen == ["data_wait", "data_wait"] and tracker.heartbeat().phase == ""
+    pre(None, (), {})
+    assert tracker.heartbeat().phase == "optimizer"
+    post(None, (), {})
+    post(None, (), {})  # a step end without a pre hook (its own step, no optimizer span)
+    first, second = tracker.collect()
+    assert [k for k, *_ in first.spans] == ["data_wait", "optimizer"] and second.spans == []
+    assert first.end == first.spans[-1][2] and tracker.heartbeat().phase == ""
+
+    for _ in range(MAX_SPANS_PER_STEP + 3):
+        timed([1])
+    pre(None, (), {})
+    post(None, (), {})
+    (raw,) = tracker.collect()
+    assert len(raw.spans) == MAX_SPANS_PER_STEP and said == [2] and errors == []
+    assert tracker.heartbeat().phase == ""  # every phase opened past the cap was closed too
+
+    tracker.active = False  # closed monitor: plain pass-through, nothing recorded
+    assert timed([5]) == 5
+    pre(None, (), {})
+    post(None, (), {})
+    assert tracker.collect() == []
+
+
 def test_collect_places_gc_pauses_in_their_steps_and_counts_dropped_steps():
     drained = [[(5.0, 0.1), (15.0, 0.2), (25.0, 0.3)]]
     tracker = StepTracker(HostClock(), gc_drain=lambda: drained.pop() if drained else [])
