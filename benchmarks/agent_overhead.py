@@ -275,8 +275,43 @@ class Variants:
         # variant and cancel in the differences.
         return counts["call"] / n, counts["c_call"] / n
 
+    @contextlib.contextmanager
+    def process_without_smon(self) -> Iterator[None]:
+        """The process as it would be without SMon, for the other variants' blocks.
+
+        Two of SMon's parts are process-wide: its wrapper around `torch.autograd.backward`
+        (backward_calls.py) and its `gc.callbacks` entry. Left in place, every variant pays for
+        them, and the differences from `none` leave them out of SMon's cost (they did until
+        2026-11-26: about 5 Python calls a step). SMon's background threads stay: they cannot be
+        paused, and figure 3 measures them.
+        """
+        import torch
+
+        from smon.backward_calls import CALLS
+
+        mon = self.mon
+        wrapper = CALLS.wrapper
+        unwrap = wrapper is not None and torch.autograd.backward is wrapper
+        if unwrap:
+            torch.autograd.backward = CALLS.original
+        if mon is not None:
+            mon._gc.remove()
+        try:
+            yield
+        finally:
+            if unwrap:
+                torch.autograd.backward = wrapper
+            if mon is not None:
+                mon._gc.install()
+
     def block(self, variant: str, n: int) -> tuple[float, float, float]:
         """`n` steps of `variant`: (mean and median step seconds, training-thread CPU s per step)."""
+        if variant == "smon":
+            return self._block(variant, n)
+        with self.process_without_smon():
+            return self._block(variant, n)
+
+    def _block(self, variant: str, n: int) -> tuple[float, float, float]:
         import torch
 
         section = None
