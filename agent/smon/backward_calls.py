@@ -177,7 +177,11 @@ def _wrap(calls: BackwardCalls, original: Callable[..., Any]) -> Callable[..., A
             owner = owners[0]
             if owner.thread != ident:
                 return original(*args, **kwargs)  # each model's calls come from its own thread
-            token = owner.call_begin()
+            try:
+                token = owner.call_begin()
+            except Exception as exc:  # the entry points may be the tracker's own (ModelHooks)
+                owner.call_failed(exc)
+                token = None
             calls.depth = 1
             try:
                 result = original(*args, **kwargs)
@@ -186,9 +190,12 @@ def _wrap(calls: BackwardCalls, original: Callable[..., Any]) -> Callable[..., A
                 raise
             finally:
                 calls.depth = 0
-            owner.call_end(token)
+            try:
+                owner.call_end(token)
+            except Exception as exc:
+                owner.call_failed(exc)
             return result
-        tokens = [(owner, owner.call_begin()) for owner in owners if owner.thread == ident]
+        tokens = [(owner, _begin(owner)) for owner in owners if owner.thread == ident]
         calls.depth = 1
         try:
             result = original(*args, **kwargs)
@@ -199,7 +206,18 @@ def _wrap(calls: BackwardCalls, original: Callable[..., Any]) -> Callable[..., A
         finally:
             calls.depth = 0
         for owner, token in tokens:
-            owner.call_end(token)
+            try:
+                owner.call_end(token)
+            except Exception as exc:
+                owner.call_failed(exc)
         return result
 
     return backward
+
+
+def _begin(owner: ModelHooks) -> Any:
+    try:
+        return owner.call_begin()
+    except Exception as exc:
+        owner.call_failed(exc)
+        return None

@@ -25,6 +25,7 @@ Every hook body is wrapped: an exception is counted and logged once, never raise
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -169,6 +170,8 @@ class ModelHooks:
         self._since_check = 0  # forwards since the wrapper took over or was last re-probed
         self._slow_probes = 0  # probes that failed only on time
         self.thread = threading.get_ident()  # backward calls from other threads are not this model's
+        self.call_begin: Callable[[], tuple[int, Mark] | None] = self._call_begin_probing
+        self.call_end: Callable[[tuple[int, Mark] | None], None] = self._call_end_probing
 
     def install(self) -> None:
         self._original_class = time_forward(self.module, self)
@@ -276,7 +279,23 @@ class ModelHooks:
             self._errors.report("forward_hook", exc)
 
     # -- torch.autograd.backward calls (backward_calls.py) --------------------------------------
-    def call_begin(self) -> tuple[int, Mark] | None:
+    def _set_call_timing(self, by_calls: bool) -> None:
+        """Bind the entry points the `torch.autograd.backward` wrapper calls (`call_begin`,
+        `call_end`). While the calls time backward they go straight to the tracker: partials,
+        so each backward call runs one Python frame of SMon's fewer at each end. Otherwise the
+        probing versions below, which also time a call that was already under way."""
+        if by_calls:
+            self.call_begin = functools.partial(self._tracker.open_backward, self.chunk)
+            self.call_end = functools.partial(self._tracker.close_backward, self.chunk)
+        else:
+            self.call_begin = self._call_begin_probing
+            self.call_end = self._call_end_probing
+
+    def call_failed(self, exc: Exception) -> None:
+        """`call_begin` or `call_end` raised (the wrapper catches it): counted, logged once."""
+        self._errors.report("backward_call", exc)
+
+    def _call_begin_probing(self) -> tuple[int, Mark] | None:
         """A backward call starts: (micro-batch, start mark) when the call is timed, else None."""
         tracker = self._tracker
         if not tracker.active:
@@ -290,7 +309,7 @@ class ModelHooks:
             self._errors.report("backward_call", exc)
         return None
 
-    def call_end(self, began: tuple[int, Mark] | None) -> None:
+    def _call_end_probing(self, began: tuple[int, Mark] | None) -> None:
         """The backward call returned."""
         try:
             if began is not None:
@@ -302,6 +321,7 @@ class ModelHooks:
                 if verdict is True:
                     self._probe = None
                     self._hook_outputs = False
+                    self._set_call_timing(True)
                     self._since_check = 0
                     if self.backward_timing != "recheck":
                         logger.debug("smon: model chunk %d: backward timed by its calls", self.chunk)
@@ -339,12 +359,14 @@ class ModelHooks:
         """Probe one call again (hooks time it meanwhile): the loop may have changed since."""
         self._probe = Probe(need=1, tolerated=0)
         self._hook_outputs = True
+        self._set_call_timing(False)
         self.backward_timing = "recheck"
 
     def keep_hooks(self, why: str) -> None:
         """The wrapper cannot time this model's backward exactly: hooks time it from now on."""
         self._probe = None
         self._hook_outputs = True
+        self._set_call_timing(False)
         self.backward_timing = "hooks"
         CALLS.discard(self)
         logger.debug("smon: model chunk %d: backward stays timed by hooks (%s)", self.chunk, why)

@@ -232,7 +232,10 @@ class StepTracker:
 
     def open_backward(self, chunk: int) -> tuple[int, Mark] | None:
         """`next_backward` and, when a forward waits for it, a "backward" phase opened now:
-        (micro-batch, start mark)."""
+        (micro-batch, start mark). None as well once the monitor is closed: the
+        `torch.autograd.backward` wrapper calls this directly while calls time backward."""
+        if not self.active:
+            return None
         backwards = self._backwards
         index = backwards.get(chunk, 0)
         if index >= self._forwards.get(chunk, 0):
@@ -327,6 +330,22 @@ class StepTracker:
             return None
 
         return pre, post
+
+    def close_backward(self, chunk: int, began: tuple[int, Mark] | None) -> None:
+        """The backward call that `open_backward` timed (`began`, None if it did not) returned."""
+        if began is None:
+            return
+        microbatch, start = began
+        spans = self._spans
+        if len(spans) >= MAX_SPANS_PER_STEP:
+            self.close("backward", start, microbatch, chunk)  # past the cap: said once there
+            return
+        spans.append(("backward", start, self._mark(), microbatch, chunk))
+        opened = self._open
+        if opened and opened[-1][1] is start:
+            opened.pop()
+        else:
+            self.discard(start)
 
     def paired_backwards(self, chunk: int) -> int:
         """Backward calls of model chunk `chunk` paired with a forward this step."""

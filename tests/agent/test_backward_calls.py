@@ -419,3 +419,36 @@ def test_device_clocks_never_probe(ingest, attach_fast):
         plain(model, torch.randn(2, 16))
         optimizer.step()
     assert model_hooks(mon).backward_timing == "hooks"
+
+
+def test_a_failing_tracker_under_the_call_is_counted_and_never_raised(ingest, attach_fast, monkeypatch):
+    """Once the call times backward, the wrapper calls the tracker directly: its errors are caught
+    there, counted once per kind, and the backward itself runs as usual."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = attach_fast(model, optimizer, server=ingest.address)
+    for _ in range(STEPS):
+        plain(model, torch.randn(2, 16))
+        optimizer.step()
+    hooks = model_hooks(mon)
+    assert hooks.backward_timing == "calls"
+
+    def broken(*args: Any) -> None:
+        raise RuntimeError("smon bug")
+
+    for name in ("open_backward", "close_backward"):
+        with monkeypatch.context() as patched:
+            patched.setattr(mon.tracker, name, broken)
+            hooks._set_call_timing(True)  # rebinds the entry points to the broken method
+            before = [p.detach().clone() for p in model.parameters()]
+            plain(model, torch.randn(2, 16))  # no exception reaches the loop
+            assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+            optimizer.step()
+            assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    hooks._set_call_timing(True)
+    errors = mon.counters()["errors"]
+    assert errors == 2
+    plain(model, torch.randn(2, 16))  # the real methods again: nothing more counted
+    optimizer.step()
+    mon.close()
+    assert mon.counters()["errors"] == errors
