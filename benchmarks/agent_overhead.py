@@ -282,7 +282,7 @@ class Variants:
         Two of SMon's parts are process-wide: its wrapper around `torch.autograd.backward`
         (backward_calls.py) and its `gc.callbacks` entry. Left in place, every variant pays for
         them, and the differences from `none` leave them out of SMon's cost (they did until
-        2026-11-26: about 5 Python calls a step). SMon's background threads stay: they cannot be
+        2026-11-26: about 6 Python calls a step). SMon's background threads stay: they cannot be
         paused, and figure 3 measures them.
         """
         import torch
