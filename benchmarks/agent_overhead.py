@@ -293,14 +293,14 @@ class Variants:
         wrapper = CALLS.wrapper
         unwrap = wrapper is not None and torch.autograd.backward is wrapper
         if unwrap:
-            torch.autograd.backward = CALLS.original
+            torch.autograd.backward = CALLS.original  # type: ignore[assignment,unused-ignore]
         if mon is not None:
             mon._gc.remove()
         try:
             yield
         finally:
             if unwrap:
-                torch.autograd.backward = wrapper
+                torch.autograd.backward = wrapper  # type: ignore[assignment,unused-ignore]
             if mon is not None:
                 mon._gc.install()
 
