@@ -266,12 +266,15 @@ class Variants:
             if event in counts:
                 counts[event] += 1
 
-        sys.setprofile(count)
-        try:
-            self.block(variant, n)
-        finally:
-            sys.setprofile(None)
-        # block()'s own calls around the loop (thread_time, median, ...) are the same in every
+        # The process set up for the variant before the count starts: the set-up's own calls
+        # are not the variant's.
+        with contextlib.nullcontext() if variant == "smon" else self.process_without_smon():
+            sys.setprofile(count)
+            try:
+                self._block(variant, n)
+            finally:
+                sys.setprofile(None)
+        # _block()'s own calls around the loop (thread_time, median, ...) are the same in every
         # variant and cancel in the differences.
         return counts["call"] / n, counts["c_call"] / n
 
@@ -320,7 +323,9 @@ class Variants:
                 return math.nan, math.nan, math.nan
             section = self.detector.detection_section
         model, optimizer, loader = self.loops[variant]
-        batches = self.iterators.get(variant) or iter(loader)
+        batches = self.iterators.get(variant)
+        if batches is None:
+            batches = iter(loader)
         times: list[float] = []
         cpu = time.thread_time()
         started = time.perf_counter()

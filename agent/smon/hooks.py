@@ -264,8 +264,10 @@ class ModelHooks:
                         and hasattr(grad_fn, "_register_hook_dict")
                     ):
                         tensor._backward_hooks = backward.hooks  # type: ignore[assignment]  # a str key: no clash with torch's ints
-                        grad_fn._register_hook_dict(tensor)
-                        tensor._backward_hooks = None
+                        try:
+                            grad_fn._register_hook_dict(tensor)
+                        finally:  # never leave SMon's shared dict on the user's tensor
+                            tensor._backward_hooks = None
                     else:
                         tensor.register_hook(backward.hooks["smon"])
         except Exception as exc:
