@@ -268,7 +268,7 @@ class Variants:
 
         # The process set up for the variant before the count starts: the set-up's own calls
         # are not the variant's.
-        with contextlib.nullcontext() if variant == "smon" else self.process_without_smon():
+        with self.process_for(variant):
             sys.setprofile(count)
             try:
                 self._block(variant, n)
@@ -279,7 +279,7 @@ class Variants:
         return counts["call"] / n, counts["c_call"] / n
 
     @contextlib.contextmanager
-    def process_without_smon(self) -> Iterator[None]:
+    def process_for(self, variant: str) -> Iterator[None]:
         """The process as it would be without SMon, for the other variants' blocks.
 
         Two of SMon's parts are process-wide: its wrapper around `torch.autograd.backward`
@@ -288,6 +288,9 @@ class Variants:
         2026-11-26: about 6 Python calls a step). SMon's background threads stay: they cannot be
         paused, and figure 3 measures them.
         """
+        if variant == "smon":
+            yield
+            return
         import torch
 
         from smon.backward_calls import CALLS
@@ -309,9 +312,7 @@ class Variants:
 
     def block(self, variant: str, n: int) -> tuple[float, float, float]:
         """`n` steps of `variant`: (mean and median step seconds, training-thread CPU s per step)."""
-        if variant == "smon":
-            return self._block(variant, n)
-        with self.process_without_smon():
+        with self.process_for(variant):
             return self._block(variant, n)
 
     def _block(self, variant: str, n: int) -> tuple[float, float, float]:

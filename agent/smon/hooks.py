@@ -298,15 +298,14 @@ class ModelHooks:
         self._errors.report("backward_call", exc)
 
     def _call_begin_probing(self) -> tuple[int, Mark] | None:
-        """A backward call starts: (micro-batch, start mark) when the call is timed, else None."""
+        """A backward call starts while probing: the probe watches it, the hooks time it (None)."""
         tracker = self._tracker
         if not tracker.active:
             return None
         try:
             probe = self._probe
-            if probe is None:  # timed by the call (None: no forward waits for a backward)
-                return tracker.open_backward(self.chunk)
-            probe.begin(tracker.next_backward(self.chunk))
+            if probe is not None:  # (None only once hooks stay for good: no longer called then)
+                probe.begin(tracker.next_backward(self.chunk))
         except Exception as exc:
             self._errors.report("backward_call", exc)
         return None

@@ -95,7 +95,9 @@ class StepTracker:
         self._start: Mark | None = None  # set by the first activity of step `start_step`
         self._spans: list[RawSpan] = []
         self._seq: list[SeqSample] = []
-        self._open: list[tuple[str, Mark]] = []
+        # Open phases, innermost last; the oldest drop out past the cap (a forward that raised
+        # never closes its phase).
+        self._open: deque[tuple[str, Mark]] = deque(maxlen=_MAX_OPEN_PHASES)
         self._forwards: dict[int, int] = {}  # model chunk -> forwards started this step
         self._backwards: dict[int, int] = {}  # model chunk -> backward calls paired this step
         self._forward_open: int | None = None  # micro-batch of the forward in progress, if any
@@ -114,7 +116,7 @@ class StepTracker:
 
     # -- phases -----------------------------------------------------------------------------
     # open / close run on the training thread several times per step, so they take no lock: a
-    # list append or pop is atomic under the GIL, and end_step swaps whole lists. A span closed
+    # list or deque append or pop is atomic under the GIL, and end_step swaps whole lists. A span closed
     # on another thread during end_step's swap lands in the step just cut, which is where it
     # ended anyway.
     def open(self, kind: str, mark: Mark | None = None) -> Mark:
@@ -123,10 +125,7 @@ class StepTracker:
             mark = self._mark()
         if self._start is None:
             self._start = mark
-        opened = self._open
-        opened.append((kind, mark))
-        if len(opened) > _MAX_OPEN_PHASES:
-            del opened[0]
+        self._open.append((kind, mark))
         return mark
 
     def close(
@@ -168,8 +167,6 @@ class StepTracker:
         if self._start is None:
             self._start = end
         opened.append((next_kind, end))
-        if len(opened) > _MAX_OPEN_PHASES:
-            del opened[0]
         return end
 
     def discard(self, start: Mark) -> None:
@@ -194,10 +191,7 @@ class StepTracker:
         mark = self._mark()
         if self._start is None:
             self._start = mark
-        opened = self._open
-        opened.append(("forward", mark))
-        if len(opened) > _MAX_OPEN_PHASES:
-            del opened[0]
+        self._open.append(("forward", mark))
         return index, mark
 
     def close_forward(self, kind: str, start: Mark, microbatch: int | None, chunk: int) -> Mark:
@@ -244,10 +238,7 @@ class StepTracker:
         mark = self._mark()
         if self._start is None:
             self._start = mark
-        opened = self._open
-        opened.append(("backward", mark))
-        if len(opened) > _MAX_OPEN_PHASES:
-            del opened[0]
+        self._open.append(("backward", mark))
         return index, mark
 
     # -- the data loader's next() and the optimizer's step hooks -----------------------------
@@ -268,8 +259,6 @@ class StepTracker:
                     tracker._start = start
                 opened = tracker._open
                 opened.append(("data_wait", start))
-                if len(opened) > _MAX_OPEN_PHASES:
-                    del opened[0]
             except Exception as exc:
                 report("data_wait", exc)
                 return next_fn(iterator)
@@ -308,10 +297,7 @@ class StepTracker:
                 start = mark()
                 if tracker._start is None:
                     tracker._start = start
-                opened = tracker._open
-                opened.append(("optimizer", start))
-                if len(opened) > _MAX_OPEN_PHASES:
-                    del opened[0]
+                tracker._open.append(("optimizer", start))
                 started[:] = (start,)
             except Exception as exc:
                 report("optimizer_pre_hook", exc)
@@ -460,9 +446,11 @@ class StepTracker:
     def heartbeat(self) -> pb.Heartbeat:
         """Where this rank stands now: last completed step, step in progress, innermost open phase."""
         phase, since = "", 0.0
-        opened = self._open[-1:]  # a slice: the training thread may pop meanwhile
-        if opened:
-            phase, mark = opened[0]
+        try:
+            phase, mark = self._open[-1]
+        except IndexError:  # none open (the training thread may pop meanwhile)
+            pass
+        else:
             since = self._anchor + self.clock.host_time(mark)
         return pb.Heartbeat(
             time=time.time(),

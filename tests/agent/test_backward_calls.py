@@ -152,6 +152,13 @@ def plain(model: nn.Module, x: torch.Tensor) -> None:
     model(x).sum().backward()
 
 
+def plain_steps(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int = STEPS) -> None:
+    """`steps` plain training steps of a 2x16 batch: enough for the probe to decide."""
+    for _ in range(steps):
+        plain(model, torch.randn(2, 16))
+        optimizer.step()
+
+
 def sleepy() -> nn.Module:
     return mlp(backward_sleep=BACKWARD_SLEEP)
 
@@ -234,9 +241,7 @@ def test_other_threads_and_later_wrappers_are_left_alone(ingest, attach_fast):
 
     torch.autograd.backward = user_wrapper
     try:
-        for _ in range(STEPS):
-            plain(model, torch.randn(2, 16))
-            optimizer.step()
+        plain_steps(model, optimizer)
         # Between a forward and its backward, another thread runs a backward of another graph:
         # not this model's (were it taken for one, the model's own backward would go unrecorded).
         out = model(torch.randn(2, 16)).sum()
@@ -393,9 +398,7 @@ def test_a_backward_that_raises_under_the_call_leaves_no_open_phase(ingest, atta
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = attach_fast(model, optimizer, server=ingest.address)
-    for _ in range(STEPS):
-        plain(model, torch.randn(2, 16))
-        optimizer.step()
+    plain_steps(model, optimizer)
     assert model_hooks(mon).backward_timing == "calls"
     out = RaiseInBackward.apply(model(torch.randn(2, 16))).sum()
     with pytest.raises(ValueError, match="user backward failed"):
@@ -415,9 +418,7 @@ def test_device_clocks_never_probe(ingest, attach_fast):
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = attach_fast(model, optimizer, server=ingest.address, timing=CudaClock(FakeCuda()))
-    for _ in range(STEPS):
-        plain(model, torch.randn(2, 16))
-        optimizer.step()
+    plain_steps(model, optimizer)
     assert model_hooks(mon).backward_timing == "hooks"
 
 
@@ -427,9 +428,7 @@ def test_a_failing_tracker_under_the_call_is_counted_and_never_raised(ingest, at
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = attach_fast(model, optimizer, server=ingest.address)
-    for _ in range(STEPS):
-        plain(model, torch.randn(2, 16))
-        optimizer.step()
+    plain_steps(model, optimizer)
     hooks = model_hooks(mon)
     assert hooks.backward_timing == "calls"
 
