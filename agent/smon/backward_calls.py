@@ -165,59 +165,70 @@ def _wrap(calls: BackwardCalls, original: Callable[..., Any]) -> Callable[..., A
     import torch
 
     get_ident = threading.get_ident
-    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+    dynamo_compiling, compiler = _compiling_checks(torch)
 
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> Any:
         owners = calls.owners
-        if not owners or calls.depth or is_compiling():
-            return original(*args, **kwargs)  # nested (reentrant checkpointing), or not ours
+        # Not ours when nested (reentrant checkpointing) or compiling: `is_compiling()` in two
+        # reads, a Python call fewer (Dynamo answers the first; export sets the second's flag).
+        if not owners or calls.depth or dynamo_compiling() or compiler._is_compiling_flag:
+            return original(*args, **kwargs)
         ident = get_ident()
         if len(owners) == 1:  # the usual case, without a list per call
             owner = owners[0]
             if owner.thread != ident:
                 return original(*args, **kwargs)  # each model's calls come from its own thread
-            try:
-                token = owner.call_begin()
-            except Exception as exc:  # the entry points may be the tracker's own (ModelHooks)
-                owner.call_failed(exc)
-                token = None
+            timed = owner.timed_call
             calls.depth = 1
             try:
+                if timed is not None:  # the call times backward: the tracker's timer, one frame
+                    return timed(original, args, kwargs)
+                owner.call_begin()  # probing (never raises)
                 result = original(*args, **kwargs)
-            except BaseException:
-                owner.call_abandon(token)
-                raise
             finally:
                 calls.depth = 0
-            try:
-                owner.call_end(token)
-            except Exception as exc:
-                owner.call_failed(exc)
+            owner.call_end()
             return result
-        tokens = [(owner, _begin(owner)) for owner in owners if owner.thread == ident]
+        mine = [owner for owner in owners if owner.thread == ident]
+        call = original
+        for owner in mine:
+            if owner.timed_call is not None:
+                call = _within(owner.timed_call, call)
+            else:
+                owner.call_begin()
         calls.depth = 1
         try:
-            result = original(*args, **kwargs)
-        except BaseException:
-            for owner, token in tokens:
-                owner.call_abandon(token)
-            raise
+            result = call(*args, **kwargs)
         finally:
             calls.depth = 0
-        for owner, token in tokens:
-            try:
-                owner.call_end(token)
-            except Exception as exc:
-                owner.call_failed(exc)
+        for owner in mine:
+            if owner.timed_call is None:
+                owner.call_end()
         return result
 
     return backward
 
 
-def _begin(owner: ModelHooks) -> Any:
-    try:
-        return owner.call_begin()
-    except Exception as exc:
-        owner.call_failed(exc)
-        return None
+def _compiling_checks(torch: Any) -> tuple[Callable[[], bool], Any]:
+    """(`torch.compiler.is_dynamo_compiling`, the module holding `_is_compiling_flag`): together
+    what `torch.compiler.is_compiling()` answers. Where a torch lacks either, its `is_compiling`
+    and a flag that stays False."""
+    compiler = getattr(torch, "compiler", None)
+    flag = getattr(compiler, "_is_compiling_flag", None)
+    if hasattr(compiler, "is_dynamo_compiling") and isinstance(flag, bool):
+        return compiler.is_dynamo_compiling, compiler  # type: ignore[union-attr]
+    return getattr(compiler, "is_compiling", lambda: False), _NotCompiling
+
+
+class _NotCompiling:
+    _is_compiling_flag = False
+
+
+def _within(timed: Callable[..., Any], call: Callable[..., Any]) -> Callable[..., Any]:
+    """`call` timed by `timed` (one more model's timer around a call that several models time)."""
+
+    def within(*args: Any, **kwargs: Any) -> Any:
+        return timed(call, args, kwargs)
+
+    return within

@@ -25,7 +25,6 @@ Every hook body is wrapped: an exception is counted and logged once, never raise
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -36,7 +35,7 @@ from smon.backward_calls import CALLS, RECHECK_EVERY, SLOW_PROBES_TOLERATED, Pro
 from smon.ddp import SYNC_FLAG, is_ddp
 from smon.errors import ErrorCounter
 from smon.seqstats import lengths_from_forward_kwargs
-from smon.steps import MAX_SPANS_PER_STEP, StepTracker
+from smon.steps import MAX_SPANS_PER_STEP, BackwardTimer, StepTracker
 from smon.timed_forward import restore, time_forward
 from smon.timing import Mark
 
@@ -167,14 +166,22 @@ class ModelHooks:
         self.backward_timing = "hooks"
         self._probe: Probe | None = None
         self._hook_outputs = True  # False while the wrapper times backward
-        self._since_check = 0  # forwards since the wrapper took over or was last re-probed
         self._slow_probes = 0  # probes that failed only on time
+        # Training forwards before `after_forward` runs: 0 (every forward) while outputs are
+        # hooked, RECHECK_EVERY once the wrapper times backward (then a re-probe is due).
+        self.forwards_until_after = 0
         self.thread = threading.get_ident()  # backward calls from other threads are not this model's
-        self.call_begin: Callable[[], tuple[int, Mark] | None] = self._call_begin_probing
-        self.call_end: Callable[[tuple[int, Mark] | None], None] = self._call_end_probing
+        # While the call times backward: the tracker's timer the wrapper runs the call in.
+        self.timed_call: BackwardTimer | None = None
 
     def install(self) -> None:
-        self._original_class = time_forward(self.module, self)
+        tracker, errors = self._tracker, self._errors
+        self._original_class = time_forward(
+            self.module,
+            lambda forward: tracker.timed_forward(
+                self.chunk, self, forward, self._is_grad_enabled, errors.report
+            ),
+        )
         if self._original_class is None:
             self._handles = [
                 self.module.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True),
@@ -189,13 +196,14 @@ class ModelHooks:
         CALLS.discard(self)
         self._probe = None
         if self._original_class is not None:
-            restore(self.module, self._original_class, self)
+            restore(self.module, self._original_class)
             self._original_class = None
         for handle in self._handles:
             handle.remove()
         self._handles = []
 
-    # -- forward (called by the timed class's forward, or by the hooks below) -----------------
+    # -- forward: the tracker's timed_forward where the module's class is swapped; else the hooks
+    # below, through begin / end ----------------------------------------------------------------
     def begin(self, module: Any, kwargs: dict[str, Any]) -> tuple[str, Mark, int | None] | None:
         """A forward starts: (kind, start mark, micro-batch), or None when not timing."""
         tracker = self._tracker
@@ -217,7 +225,7 @@ class ModelHooks:
             return None
 
     def end(self, began: tuple[str, Mark, int | None], output: Any) -> None:
-        """The forward returned `output`: close its span and hook the start of its backward."""
+        """The forward returned `output`: close its span, then as the tracker's timed forward does."""
         tracker = self._tracker
         try:
             kind, start, microbatch = began
@@ -225,53 +233,63 @@ class ModelHooks:
                 tracker.abandon_forward(start)
                 return
             tracker.close_forward(kind, start, microbatch, self.chunk)
-            if not self._hook_outputs and kind == "forward":
-                self._since_check += 1
-                if self._since_check >= RECHECK_EVERY and tracker.paired_backwards(self.chunk) == microbatch:
-                    self._recheck()  # nothing pending: this forward's backward is probed again
-            if kind == "forward" and self._hook_outputs and self._queue_callback is not None:
-                if type(output) is self._tensor_type:  # the usual case, without a call
-                    tensor = output if output.requires_grad else None
-                else:
-                    tensor = first_grad_tensor(output)
-                if tensor is not None and microbatch is not None:
-                    backwards = self._backwards
-                    if microbatch < len(backwards):
-                        backward = backwards[microbatch]
-                    elif microbatch < MAX_SPANS_PER_STEP:
-                        backwards.extend(_Backward(self, i) for i in range(len(backwards), microbatch + 1))
-                        backward = backwards[microbatch]
-                    else:
-                        return  # past the step's span cap: the backward would not be recorded
-                    backward.sync = self._ddp and bool(getattr(self.module, SYNC_FLAG, True))
-                    # Have backward.hooks["smon"] called with the gradient w.r.t. `tensor` (the
-                    # start of its backward). `tensor.register_hook` builds a new OrderedDict and
-                    # a RemovableHandle per call, and a tensor still holding a hook dict when it is
-                    # freed costs more again (~7 µs a forward in a small loop). Instead a plain
-                    # tensor with no hooks of its own lends its `_backward_hooks` slot for one
-                    # call: the grad_fn registers SMon's dict (made once, reused every step) as
-                    # register_hook would have registered a new one, and the slot is emptied
-                    # again (~3 µs). The dict never shows on the tensor: a user's later
-                    # register_hook makes the tensor its own dict, so their hooks neither land in
-                    # SMon's nor run for other steps. Anything else (tensor subclasses, tensors
-                    # with hooks already, leaves) takes the public call. Inlined, as is reading
-                    # DDP's flag above: this runs on every training forward.
-                    grad_fn = tensor.grad_fn
-                    if (
-                        type(tensor) is self._tensor_type
-                        and tensor._backward_hooks is None
-                        and grad_fn is not None
-                        and hasattr(grad_fn, "_register_hook_dict")
-                    ):
-                        tensor._backward_hooks = backward.hooks  # type: ignore[assignment]  # a str key: no clash with torch's ints
-                        try:
-                            grad_fn._register_hook_dict(tensor)
-                        finally:  # never leave SMon's shared dict on the user's tensor
-                            tensor._backward_hooks = None
-                    else:
-                        tensor.register_hook(backward.hooks["smon"])
+            if microbatch is not None:
+                self.forwards_until_after -= 1
+                if self.forwards_until_after <= 0:
+                    self.after_forward(microbatch, output)
         except Exception as exc:
             self._errors.report("forward_hook", exc)
+
+    def after_forward(self, microbatch: int, output: Any) -> None:
+        """After a training forward, once `forwards_until_after` has counted down: hook the start
+        of its backward (every forward while hooks time backward), or, while the wrapper times
+        it, probe this forward's backward again if none is pending (else the next forward's)."""
+        if not self._hook_outputs:
+            if self._tracker.paired_backwards(self.chunk) != microbatch:
+                return  # a backward is pending: the call would not be this forward's alone
+            self._recheck()  # nothing pending: this forward's backward is probed again
+        if self._queue_callback is None:
+            return
+        if type(output) is self._tensor_type:  # the usual case, without a call
+            tensor = output if output.requires_grad else None
+        else:
+            tensor = first_grad_tensor(output)
+        if tensor is None:
+            return
+        backwards = self._backwards
+        if microbatch < len(backwards):
+            backward = backwards[microbatch]
+        elif microbatch < MAX_SPANS_PER_STEP:
+            backwards.extend(_Backward(self, i) for i in range(len(backwards), microbatch + 1))
+            backward = backwards[microbatch]
+        else:
+            return  # past the step's span cap: the backward would not be recorded
+        backward.sync = self._ddp and bool(getattr(self.module, SYNC_FLAG, True))
+        # Have backward.hooks["smon"] called with the gradient w.r.t. `tensor` (the start of its
+        # backward). `tensor.register_hook` builds a new OrderedDict and a RemovableHandle per
+        # call, and a tensor still holding a hook dict when it is freed costs more again (~7 µs a
+        # forward in a small loop). Instead a plain tensor with no hooks of its own lends its
+        # `_backward_hooks` slot for one call: the grad_fn registers SMon's dict (made once,
+        # reused every step) as register_hook would have registered a new one, and the slot is
+        # emptied again (~3 µs). The dict never shows on the tensor: a user's later register_hook
+        # makes the tensor its own dict, so their hooks neither land in SMon's nor run for other
+        # steps. Anything else (tensor subclasses, tensors with hooks already, leaves) takes the
+        # public call. Inlined, as is reading DDP's flag above: this runs on every training
+        # forward while hooks time backward (always under DDP).
+        grad_fn = tensor.grad_fn
+        if (
+            type(tensor) is self._tensor_type
+            and tensor._backward_hooks is None
+            and grad_fn is not None
+            and hasattr(grad_fn, "_register_hook_dict")
+        ):
+            tensor._backward_hooks = backward.hooks  # type: ignore[assignment]  # a str key: no clash with torch's ints
+            try:
+                grad_fn._register_hook_dict(tensor)
+            finally:  # never leave SMon's shared dict on the user's tensor
+                tensor._backward_hooks = None
+        else:
+            tensor.register_hook(backward.hooks["smon"])
 
     def abandon(self, began: tuple[str, Mark, int | None]) -> None:
         """The forward raised: no span."""
@@ -282,40 +300,32 @@ class ModelHooks:
 
     # -- torch.autograd.backward calls (backward_calls.py) --------------------------------------
     def _set_call_timing(self, by_calls: bool) -> None:
-        """Bind the entry points the `torch.autograd.backward` wrapper calls (`call_begin`,
-        `call_end`). While the calls time backward they go straight to the tracker: partials,
-        so each backward call runs one Python frame of SMon's fewer at each end. Otherwise the
-        probing versions below, which also time a call that was already under way."""
+        """While the calls time backward, the wrapper runs each call in the tracker's timer
+        (`timed_call`: one Python frame of SMon's per backward) and a re-probe is due after
+        RECHECK_EVERY forwards; otherwise it calls `call_begin` / `call_end` around the call, and
+        `after_forward` hooks every forward's output."""
         if by_calls:
-            self.call_begin = functools.partial(self._tracker.open_backward, self.chunk)
-            self.call_end = functools.partial(self._tracker.close_backward, self.chunk)
+            self.forwards_until_after = RECHECK_EVERY
+            self.timed_call = self._tracker.timed_backward(self.chunk, self._errors.report)
         else:
-            self.call_begin = self._call_begin_probing
-            self.call_end = self._call_end_probing
+            self.forwards_until_after = 0
+            self.timed_call = None
 
-    def call_failed(self, exc: Exception) -> None:
-        """`call_begin` or `call_end` raised (the wrapper catches it): counted, logged once."""
-        self._errors.report("backward_call", exc)
-
-    def _call_begin_probing(self) -> tuple[int, Mark] | None:
-        """A backward call starts while probing: the probe watches it, the hooks time it (None)."""
+    def call_begin(self) -> None:
+        """A backward call starts while probing: the probe watches it, the hooks time it."""
         tracker = self._tracker
         if not tracker.active:
-            return None
+            return
         try:
             probe = self._probe
             if probe is not None:  # (None only once hooks stay for good: no longer called then)
                 probe.begin(tracker.next_backward(self.chunk))
         except Exception as exc:
             self._errors.report("backward_call", exc)
-        return None
 
-    def _call_end_probing(self, began: tuple[int, Mark] | None) -> None:
-        """The backward call returned."""
+    def call_end(self) -> None:
+        """A backward call returned while probing: the probe's verdict, if it has one."""
         try:
-            if began is not None:
-                self._tracker.close("backward", began[1], began[0], self.chunk)
-                return
             probe = self._probe
             if probe is not None and self._tracker.active:
                 verdict = probe.verdict()
@@ -323,7 +333,6 @@ class ModelHooks:
                     self._probe = None
                     self._hook_outputs = False
                     self._set_call_timing(True)
-                    self._since_check = 0
                     if self.backward_timing != "recheck":
                         logger.debug("smon: model chunk %d: backward timed by its calls", self.chunk)
                     self.backward_timing = "calls"
@@ -335,14 +344,6 @@ class ModelHooks:
                         self.backward_timing = "probe"
                     else:
                         self.keep_hooks(f"backward calls that do not match the hooks ({probe.why})")
-        except Exception as exc:
-            self._errors.report("backward_call", exc)
-
-    def call_abandon(self, began: tuple[int, Mark] | None) -> None:
-        """The backward call raised: no span (the probe ignores the call)."""
-        try:
-            if began is not None:
-                self._tracker.discard(began[1])
         except Exception as exc:
             self._errors.report("backward_call", exc)
 

@@ -15,9 +15,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from smon.seqstats import SeqSample
+from smon.seqstats import SeqSample, lengths_from_forward_kwargs
 from smon.timing import Clock, Mark
 from smon.v1 import ingest_pb2 as pb
 
@@ -38,7 +38,11 @@ _ANCHOR_SLACK = 1e-3  # re-anchor wall time only when the system clock moved by 
 # (sequence number, step, start mark, end mark, spans, sequence samples)
 EndedStep = tuple[int, int, Mark, Mark, list[RawSpan], Sequence[SeqSample]]
 _NO_SEQ: tuple[SeqSample, ...] = ()  # an ended step's samples when it has none
-ErrorReport = Callable[[str, BaseException], None]  # ErrorCounter.report: count, log once, never raise
+ErrorReport = Callable[[str, BaseException], None]
+# (torch.autograd.backward, args, kwargs) -> the call run once and returned (backward_calls.py)
+BackwardTimer = Callable[
+    [Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any
+]  # ErrorCounter.report: count, log once, never raise
 
 
 @dataclass(slots=True)
@@ -56,8 +60,21 @@ class RawStep:
     ended_at: float = 0.0  # perf_counter at step end (for the CUDA read-back timeout)
 
 
+class ForwardOwner(Protocol):
+    """Who is told about training forwards (`StepTracker.timed_forward`): `ModelHooks`."""
+
+    module: Any  # the attached instance
+    forwards_until_after: int  # counted down per training forward; `after_forward` runs at <= 0
+
+    def after_forward(self, microbatch: int, output: Any) -> None: ...
+
+
 def _nothing() -> None:
     pass
+
+
+def _raise(kind: str, exc: BaseException) -> None:
+    raise exc
 
 
 def wall_anchor() -> float | None:
@@ -101,6 +118,8 @@ class StepTracker:
         self._forwards: dict[int, int] = {}  # model chunk -> forwards started this step
         self._backwards: dict[int, int] = {}  # model chunk -> backward calls paired this step
         self._forward_open: int | None = None  # micro-batch of the forward in progress, if any
+        self._step_phase: tuple[str, Mark] | None = None  # open phase that ends with the step
+        self._report: ErrorReport = _raise  # counts the post hook's errors (optimizer_step_hooks)
         self._overflowed = False  # this step hit MAX_SPANS_PER_STEP
         # Ended steps wait here for the feeder; when it falls behind, the oldest are dropped.
         self.ended: deque[EndedStep] = deque(maxlen=max(1, capacity))
@@ -224,23 +243,6 @@ class StepTracker:
         backwards[chunk] = index + 1
         return index
 
-    def open_backward(self, chunk: int) -> tuple[int, Mark] | None:
-        """`next_backward` and, when a forward waits for it, a "backward" phase opened now:
-        (micro-batch, start mark). None as well once the monitor is closed: the
-        `torch.autograd.backward` wrapper calls this directly while calls time backward."""
-        if not self.active:
-            return None
-        backwards = self._backwards
-        index = backwards.get(chunk, 0)
-        if index >= self._forwards.get(chunk, 0):
-            return None
-        backwards[chunk] = index + 1
-        mark = self._mark()
-        if self._start is None:
-            self._start = mark
-        self._open.append(("backward", mark))
-        return index, mark
-
     # -- the data loader's next() and the optimizer's step hooks -----------------------------
     # These run on every step, so they are made here as closures over the tracker that do open /
     # close's work inline: a Python call fewer per phase boundary on the training thread.
@@ -283,12 +285,136 @@ class StepTracker:
 
         return __next__
 
-    def optimizer_step_hooks(self, report: ErrorReport) -> tuple[Callable[..., None], Callable[..., None]]:
-        """(pre, post) step hooks for one optimizer: `optimizer` span, and the step ends when
-        `optimizer.step()` returns."""
+    def timed_forward(
+        self,
+        chunk: int,
+        owner: ForwardOwner,
+        forward: Callable[..., Any],
+        is_grad_enabled: Callable[[], bool],
+        report: ErrorReport,
+    ) -> Callable[..., Any]:
+        """`forward` (a module class's own) timed for model chunk `chunk`, as the `forward` of the
+        attached instance's timed class (timed_forward.py): the time in it a `forward` span (an
+        `eval` one in eval mode or with grad off), its micro-batch counted.
+
+        What `open_forward` / `close_forward` do, inline: with `ModelHooks.begin` / `end` that was
+        four Python calls around every forward. After a training forward, once
+        `owner.forwards_until_after` has counted down, `owner.after_forward(microbatch, output)`
+        runs (every forward while the owner hooks outputs for backward; rarely otherwise)."""
         tracker = self
         mark = self._mark
-        started: list[Mark] = []  # the open optimizer phase of this optimizer, if any
+
+        def timed(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if module is not owner.module:  # another instance made from the timed class
+                return forward(module, *args, **kwargs)
+            if not tracker.active:
+                return forward(module, *args, **kwargs)
+            try:
+                start = mark()
+                if module.training and is_grad_enabled():
+                    kind = "forward"
+                    forwards = tracker._forwards
+                    microbatch: int | None = forwards.get(chunk, 0)
+                    forwards[chunk] = microbatch + 1  # type: ignore[operator]
+                    tracker._forward_open = microbatch
+                else:
+                    kind, microbatch = "eval", None
+                if tracker._start is None:
+                    tracker._start = start
+                opened = tracker._open
+                opened.append((kind, start))
+                if kwargs and microbatch is not None:
+                    lengths = lengths_from_forward_kwargs(kwargs)
+                    if lengths is not None:
+                        tracker.add_seq(lengths, microbatch, explicit=False)
+            except Exception as exc:
+                report("forward_pre_hook", exc)
+                return forward(module, *args, **kwargs)
+            try:
+                output = forward(module, *args, **kwargs)
+            except BaseException:
+                tracker.abandon_forward(start)
+                raise
+            try:
+                tracker._forward_open = None
+                if not tracker.active:  # closed during the forward
+                    tracker.discard(start)
+                    return output
+                spans = tracker._spans
+                if len(spans) >= MAX_SPANS_PER_STEP:
+                    tracker.close(kind, start, microbatch, chunk)  # past the cap: said once there
+                else:
+                    spans.append((kind, start, mark(), microbatch, chunk))
+                    if opened and opened[-1][1] is start:
+                        opened.pop()
+                    else:
+                        tracker.discard(start)
+                if microbatch is not None:
+                    owner.forwards_until_after -= 1
+                    if owner.forwards_until_after <= 0:
+                        owner.after_forward(microbatch, output)
+            except Exception as exc:
+                report("forward_hook", exc)
+            return output
+
+        return timed
+
+    def timed_backward(self, chunk: int, report: ErrorReport) -> BackwardTimer:
+        """A `torch.autograd.backward` call timer for model chunk `chunk` (backward_calls.py calls
+        it while the call times that model's backward): `backward(*args, **kwargs)` run once and
+        returned, the time in it a `backward` span of the next forward waiting for one (`next_backward`'s
+        pairing), or no span when none waits or the monitor is closed."""
+        tracker = self
+        mark = self._mark
+
+        def timed(backward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if not tracker.active:
+                return backward(*args, **kwargs)
+            try:
+                backwards = tracker._backwards
+                microbatch = backwards.get(chunk, 0)
+                waits = microbatch < tracker._forwards.get(chunk, 0)
+                if waits:
+                    backwards[chunk] = microbatch + 1
+                    start = mark()
+                    if tracker._start is None:
+                        tracker._start = start
+                    opened = tracker._open
+                    opened.append(("backward", start))
+            except Exception as exc:
+                report("backward_call", exc)
+                waits = False
+            if not waits:  # no forward waits for a backward (or the tracker failed): no span
+                return backward(*args, **kwargs)
+            try:
+                result = backward(*args, **kwargs)
+            except BaseException:
+                tracker.discard(start)
+                raise
+            try:
+                spans = tracker._spans
+                if len(spans) >= MAX_SPANS_PER_STEP:
+                    tracker.close("backward", start, microbatch, chunk)  # past the cap: said once there
+                else:
+                    spans.append(("backward", start, mark(), microbatch, chunk))
+                    if opened and opened[-1][1] is start:
+                        opened.pop()
+                    else:
+                        tracker.discard(start)
+            except Exception as exc:
+                report("backward_call", exc)
+            return result
+
+        return timed
+
+    def optimizer_step_hooks(self, report: ErrorReport) -> tuple[Callable[..., None], Callable[..., None]]:
+        """(pre, post) step hooks for the optimizer: `optimizer` span, and the step ends when
+        `optimizer.step()` returns. The post hook is `end_step` itself (one Python call a step),
+        which closes the phase the pre hook opened; from now on it counts its errors with
+        `report` when torch calls it, never raising into `optimizer.step()`."""
+        tracker = self
+        mark = self._mark
+        self._report = report
 
         def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
             if not tracker.active:
@@ -297,41 +423,14 @@ class StepTracker:
                 start = mark()
                 if tracker._start is None:
                     tracker._start = start
-                tracker._open.append(("optimizer", start))
-                started[:] = (start,)
+                phase = ("optimizer", start)
+                tracker._open.append(phase)
+                tracker._step_phase = phase
             except Exception as exc:
                 report("optimizer_pre_hook", exc)
             return None
 
-        def post(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if not tracker.active:
-                return None
-            try:
-                if started:
-                    tracker.end_step(closing=("optimizer", started.pop()))
-                else:
-                    tracker.end_step()
-            except Exception as exc:
-                report("optimizer_post_hook", exc)
-            return None
-
-        return pre, post
-
-    def close_backward(self, chunk: int, began: tuple[int, Mark] | None) -> None:
-        """The backward call that `open_backward` timed (`began`, None if it did not) returned."""
-        if began is None:
-            return
-        microbatch, start = began
-        spans = self._spans
-        if len(spans) >= MAX_SPANS_PER_STEP:
-            self.close("backward", start, microbatch, chunk)  # past the cap: said once there
-            return
-        spans.append(("backward", start, self._mark(), microbatch, chunk))
-        opened = self._open
-        if opened and opened[-1][1] is start:
-            opened.pop()
-        else:
-            self.discard(start)
+        return pre, self.end_step
 
     def paired_backwards(self, chunk: int) -> int:
         """Backward calls of model chunk `chunk` paired with a forward this step."""
@@ -355,49 +454,59 @@ class StepTracker:
         """Renumber the step in progress (e.g. after restoring a checkpoint)."""
         self.step = step
 
-    def end_step(
-        self, end: Mark | None = None, number: int | None = None, closing: tuple[str, Mark] | None = None
-    ) -> None:
+    def end_step(self, *hook_args: Any, end: Mark | None = None, number: int | None = None) -> None:
         """Close the step in progress at `end` (default now); the next step starts at the same mark.
 
-        `closing` (kind, start mark): a phase that ends with the step (the optimizer's), closed
-        here rather than by a `close` call of its own, since this runs on every step."""
-        if end is None:
-            end = self._mark()
-        spans = self._spans
-        if closing is not None:
-            kind, opened_at = closing
-            if len(spans) >= MAX_SPANS_PER_STEP:
-                self.close(kind, opened_at, end=end)  # past the cap: said once there
-            else:
-                spans.append((kind, opened_at, end, None, 0))
-                opened = self._open
-                if opened and opened[-1][1] is opened_at:
-                    opened.pop()
+        A phase that ends with the step (`_step_phase`: the optimizer's, opened by its pre hook)
+        is closed here rather than by a `close` call of its own. This is also the optimizer's
+        step post hook (`optimizer_step_hooks`), so a step's end is one Python call: torch passes
+        `hook_args` (the optimizer, args, kwargs; unused), and then an error is counted, never
+        raised, and a closed monitor ends no step."""
+        if hook_args and not self.active:
+            return
+        try:
+            if end is None:
+                end = self._mark()
+            spans = self._spans
+            closing = self._step_phase
+            if closing is not None:
+                self._step_phase = None
+                kind, opened_at = closing
+                if len(spans) >= MAX_SPANS_PER_STEP:
+                    self.close(kind, opened_at, end=end)  # past the cap: said once there
                 else:
-                    self.discard(opened_at)
-        step = self.step if number is None else number
-        start = self._start
-        self._spans = []
-        seq: Sequence[SeqSample] = self._seq
-        if seq:
-            self._seq = []
-        else:
-            seq = _NO_SEQ  # not the empty list itself: the next step appends to that one
-        if self._forwards:
-            self._forwards = {}
-        if self._backwards:
-            self._backwards = {}
-        self._overflowed = False
-        self.last_step = step
-        self.step = step + 1
-        self._start = end
-        count = self._ended_count + 1
-        self._ended_count = count
-        ended = self.ended
-        ended.append((count, step, self._attach_mark if start is None else start, end, spans, seq))
-        if len(ended) == self._backlog:
-            self._on_backlog()  # a full batch is waiting: wake the feeder
+                    spans.append((kind, opened_at, end, None, 0))
+                    opened = self._open
+                    if opened and opened[-1] is closing:
+                        opened.pop()
+                    else:
+                        self.discard(opened_at)
+            step = self.step if number is None else number
+            start = self._start
+            self._spans = []
+            seq: Sequence[SeqSample] = self._seq
+            if seq:
+                self._seq = []
+            else:
+                seq = _NO_SEQ  # not the empty list itself: the next step appends to that one
+            if self._forwards:
+                self._forwards = {}
+            if self._backwards:
+                self._backwards = {}
+            self._overflowed = False
+            self.last_step = step
+            self.step = step + 1
+            self._start = end
+            count = self._ended_count + 1
+            self._ended_count = count
+            ended = self.ended
+            ended.append((count, step, self._attach_mark if start is None else start, end, spans, seq))
+            if len(ended) == self._backlog:
+                self._on_backlog()  # a full batch is waiting: wake the feeder
+        except Exception as exc:
+            if not hook_args:
+                raise
+            self._report("optimizer_post_hook", exc)
 
     # -- feeder side ------------------------------------------------------------------------
     def collect(self) -> list[RawStep]:

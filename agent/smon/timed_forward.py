@@ -2,89 +2,57 @@
 
 Any forward (pre-)hook on a module sends torch's `Module._call_impl` off its fast path (~2 µs per
 call here, plus the hooks' own calls with their argument tuples). Instead the root module
-*instance* gets a same-named subclass of its class (made once per class) whose `forward` times
-the class's own `forward`; `_call_impl` keeps its fast path. The instance is the same object:
-attributes, parameters, `state_dict`, `isinstance` and `repr` are unchanged, and a DDP object or
-the module it wraps can be the root. Pickling and `copy.deepcopy` give the original class (a copy,
-e.g. an EMA model, is not timed), and `restore` puts the original class back.
+*instance* gets a same-named subclass of its class whose `forward` is the timed forward itself
+(`StepTracker.timed_forward`, around the class's own `forward`): one Python frame of SMon's per
+forward, and `_call_impl` keeps its fast path. The instance is the same object: attributes,
+parameters, `state_dict`, `isinstance` and `repr` are unchanged, and a DDP object or the module it
+wraps can be the root. Pickling and `copy.deepcopy` give the original class (a copy, e.g. an EMA
+model, is not timed), and `restore` puts the original class back.
 
-The timer of an instance is found by `id()` in a dict rather than stored on the module, so
-nothing of SMon's is in the module's `__dict__` to be pickled, copied or listed.
+The subclass is made per attached instance, so its `forward` is bound to that instance's monitor
+with no lookup per call, and nothing of SMon's is in the module's `__dict__` to be pickled, copied
+or listed. Once restored, nothing refers to the subclass and it is collected with its monitor.
 """
 
 from __future__ import annotations
 
 import copyreg
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
+
+# The class's own forward -> the timed forward that replaces it: `(module, *args, **kwargs)`,
+# which runs the class's forward once, returns its output and raises its exceptions (the
+# timer's own errors are counted, never raised).
+MakeTimedForward = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
-class ForwardTimer(Protocol):
-    """What a timed forward calls around the original one; `begin` returns None to skip timing."""
-
-    def begin(self, module: Any, kwargs: dict[str, Any]) -> Any: ...
-
-    def end(self, began: Any, output: Any) -> None: ...
-
-    def abandon(self, began: Any) -> None: ...
-
-
-_TIMERS: dict[int, ForwardTimer] = {}  # id(module) -> the timer of that module instance
-_TIMED_CLASSES: dict[type, type] = {}  # original class -> its timed subclass
-
-
-def is_timed(module: Any) -> bool:
-    return id(module) in _TIMERS
-
-
-def time_forward(module: Any, timer: ForwardTimer) -> type | None:
-    """Swap `module`'s class for its timed subclass; returns the original class, or None if not done.
+def time_forward(module: Any, make: MakeTimedForward) -> type | None:
+    """Swap `module`'s class for a timed subclass; returns the original class, or None if not done.
 
     Not done (the caller falls back to hooks) when another monitor already times this instance,
     when the instance has its own `forward` attribute (which would shadow the class's), or when
     Python refuses the class assignment.
     """
     original = type(module)
-    if id(module) in _TIMERS or "forward" in getattr(module, "__dict__", {}):
+    if "_smon_original" in original.__dict__ or "forward" in getattr(module, "__dict__", {}):
         return None
-    timed = _TIMED_CLASSES.get(original)
-    if timed is None:
-        timed = _TIMED_CLASSES[original] = _timed_class(original)
-    _TIMERS[id(module)] = timer
     try:
-        module.__class__ = timed
+        module.__class__ = _timed_class(original, make)
     except TypeError:
-        del _TIMERS[id(module)]
         return None
     return original
 
 
-def restore(module: Any, original: type, timer: ForwardTimer) -> None:
+def restore(module: Any, original: type) -> None:
     """Untime `module`: its original class back (unless someone swapped it again since)."""
-    if _TIMERS.get(id(module)) is timer:
-        del _TIMERS[id(module)]
-    if type(module) is _TIMED_CLASSES.get(original):
+    if type(module).__dict__.get("_smon_original") is original:
         module.__class__ = original
 
 
-def _timed_class(original: type) -> type:
+def _timed_class(original: type, make: MakeTimedForward) -> type:
     base_forward = original.forward  # type: ignore[attr-defined]
     base_reduce_ex: Any = original.__reduce_ex__
-    timers = _TIMERS
-
-    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        timer = timers.get(id(self))
-        if timer is None:  # restored, or another instance of the class swapped by someone else
-            return base_forward(self, *args, **kwargs)
-        began = timer.begin(self, kwargs)
-        if began is None:
-            return base_forward(self, *args, **kwargs)
-        try:
-            output = base_forward(self, *args, **kwargs)
-        except BaseException:
-            timer.abandon(began)
-            raise
-        timer.end(began, output)
-        return output
+    forward = make(base_forward)
 
     def __reduce_ex__(self: Any, protocol: Any) -> Any:
         return _as_original(base_reduce_ex(self, protocol), timed, original)
@@ -97,7 +65,7 @@ def _timed_class(original: type) -> type:
         "__module__": original.__module__,
         "__qualname__": original.__qualname__,
         "__doc__": original.__doc__,
-        "_smon_timed": True,
+        "_smon_original": original,
     }
     timed: type = type(original)(original.__name__, (original,), namespace)
     return timed

@@ -423,8 +423,9 @@ def test_device_clocks_never_probe(ingest, attach_fast):
 
 
 def test_a_failing_tracker_under_the_call_is_counted_and_never_raised(ingest, attach_fast, monkeypatch):
-    """Once the call times backward, the wrapper calls the tracker directly: its errors are caught
-    there, counted once per kind, and the backward itself runs as usual."""
+    """Once the call times backward, the wrapper runs it in the tracker's timer: the timer's own
+    errors, before or after the call, are caught there and counted once per kind, and the
+    backward itself runs exactly once, as usual."""
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = attach_fast(model, optimizer, server=ingest.address)
@@ -432,22 +433,32 @@ def test_a_failing_tracker_under_the_call_is_counted_and_never_raised(ingest, at
     hooks = model_hooks(mon)
     assert hooks.backward_timing == "calls"
 
-    def broken(*args: Any) -> None:
-        raise RuntimeError("smon bug")
+    class RefusingDict(dict):  # the timer's pairing, before the call
+        def get(self, *args: Any) -> Any:
+            raise RuntimeError("smon bug")
 
-    for name in ("open_backward", "close_backward"):
+    class RefusingList(list):  # the timer's span, after the call
+        def append(self, item: Any) -> None:
+            raise RuntimeError("smon bug")
+
+    graph_runs: list[int] = []
+    for name, broken in (("_backwards", RefusingDict()), ("_spans", RefusingList())):
+        loss = model(torch.randn(2, 16)).sum()
+        graph_runs.clear()
+        grad_fn = loss.grad_fn
+        assert grad_fn is not None
+        grad_fn.register_hook(lambda *args: graph_runs.append(1))  # the graph runs once, not twice
+        before = [p.detach().clone() for p in model.parameters()]
         with monkeypatch.context() as patched:
             patched.setattr(mon.tracker, name, broken)
-            hooks._set_call_timing(True)  # rebinds the entry points to the broken method
-            before = [p.detach().clone() for p in model.parameters()]
-            plain(model, torch.randn(2, 16))  # no exception reaches the loop
-            assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
-            optimizer.step()
-            assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
-    hooks._set_call_timing(True)
+            loss.backward()  # no exception reaches the loop
+        assert graph_runs == [1]
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+        optimizer.step()
+        assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
     errors = mon.counters()["errors"]
     assert errors == 2
-    plain(model, torch.randn(2, 16))  # the real methods again: nothing more counted
+    plain(model, torch.randn(2, 16))  # the real state again: nothing more counted
     optimizer.step()
     mon.close()
     assert mon.counters()["errors"] == errors

@@ -202,6 +202,33 @@ def test_hook_failures_are_counted_and_logged_once_never_raised(ingest, attach_f
     assert ingest.servicer.step_numbers() == [0, 1, 2, 3]  # step boundaries still recorded
 
 
+def test_the_step_end_hook_counts_its_errors_and_the_public_step_end_raises_them(
+    ingest, attach_fast, monkeypatch
+):
+    """The optimizer's post hook is the tracker's `end_step` itself: called by torch it counts an
+    error and `optimizer.step()` goes on; called by SMon's own code it raises, for that caller
+    to count."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = attach_fast(model, optimizer, server=ingest.address)
+
+    class Refusing(list):
+        def append(self, item: object) -> None:
+            raise RuntimeError("smon bug")
+
+    monkeypatch.setattr(mon.tracker, "ended", Refusing())
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.randn(2, 16)).sum().backward()
+    optimizer.step()  # the post hook fails inside: not raised
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+    assert mon.counters()["errors"] == 1
+    with pytest.raises(RuntimeError, match="smon bug"):
+        mon.tracker.end_step()
+    monkeypatch.undo()
+    mon.close()
+    assert mon.counters()["errors"] == 1
+
+
 def test_user_gradient_hooks_on_the_output_still_run(ingest, attach_fast):
     """SMon's backward-start hook is reused every step but never lands in the output's own hook
     dict: a user's hook runs for its own tensor only, and can be removed."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
 from smon.records import covered_seconds, to_step_record
@@ -73,35 +76,86 @@ def test_a_step_that_never_ends_keeps_memory_bounded(caplog):
     assert len(raws[0].spans) == MAX_SPANS_PER_STEP and said == [0]
 
 
+class _Owner:
+    """A `ForwardOwner` that notes each `after_forward`."""
+
+    def __init__(self, module: object, every: int) -> None:
+        self.module = module
+        self.forwards_until_after = every
+        self.after: list[tuple[int, object]] = []
+
+    def after_forward(self, microbatch: int, output: object) -> None:
+        self.after.append((microbatch, output))
+
+
 def test_the_fused_forward_backward_and_optimizer_paths_keep_the_cap_and_the_open_phases():
-    """open_forward / close_forward / open_backward / end_step(closing=) do open and close's work inline."""
+    """timed_forward / timed_backward / the optimizer's hooks do open and close's work inline: the
+    phase shows while the call runs, the call's result and exceptions pass through untouched."""
     from smon.steps import MAX_SPANS_PER_STEP
 
     said: list[int] = []
+    errors: list[str] = []
     tracker = StepTracker(HostClock(), on_overflow=said.append)
-    microbatch, start = tracker.open_forward(0)
-    assert tracker.heartbeat().phase == "forward"
-    tracker.close_forward("forward", start, microbatch, 0)
-    began = tracker.open_backward(0)
-    assert began is not None and began[0] == 0 and tracker.heartbeat().phase == "backward"
-    assert tracker.open_backward(0) is None  # one forward, one backward
-    tracker.close("backward", began[1], began[0], 0)
-    outer = tracker.open("optimizer")
+    module = SimpleNamespace(training=True)
+    owner = _Owner(module, every=2)
+    backward = tracker.timed_backward(0, lambda kind, exc: errors.append(kind))
+    pre, post = tracker.optimizer_step_hooks(lambda kind, exc: errors.append(kind))
+    seen: list[str] = []
+
+    def model(module: object, x: int, scale: int = 1) -> int:
+        seen.append(tracker.heartbeat().phase)
+        return x * scale
+
+    def grads(*args: object, **kwargs: object) -> tuple[object, ...]:
+        seen.append(tracker.heartbeat().phase)
+        return args, kwargs
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ValueError("the user's own error")
+
+    def timed(forward: Any) -> Any:
+        return tracker.timed_forward(0, owner, forward, lambda: True, lambda kind, exc: errors.append(kind))
+
+    forward = timed(model)
+    assert forward(module, 3, scale=2) == 6
+    module.training = False
+    assert forward(module, 1) == 1  # eval: no micro-batch, no after_forward
+    module.training = True
+    assert forward(SimpleNamespace(training=True), 7) == 7  # another instance: not timed
+    assert backward(grads, (1,), {"retain_graph": True}) == ((1,), {"retain_graph": True})
+    assert backward(grads, (), {}) == ((), {})  # one forward, one backward: the second untimed
+    assert forward(module, 5) == 5
+    with pytest.raises(ValueError, match="own error"):
+        backward(broken, (), {})  # raised through, no span
+    with pytest.raises(ValueError, match="own error"):
+        timed(broken)(module)  # raised through, no span (its micro-batch is counted)
+    assert seen == ["forward", "eval", "", "backward", "", "forward"] and tracker.heartbeat().phase == ""
+    assert owner.after == [(1, 5)] and errors == []  # after_forward once the count ran down
+    pre(None, (), {})
     inner = tracker.open("custom")  # still open when the step ends: it is discarded, not leaked
-    tracker.end_step(closing=("optimizer", outer))
+    post(None, (), {})
     assert tracker.heartbeat().phase == "custom"
     tracker.discard(inner)
     (raw,) = tracker.collect()
-    assert [(k, mb) for k, _, _, mb, _ in raw.spans] == [("forward", 0), ("backward", 0), ("optimizer", None)]
+    assert [(k, mb) for k, _, _, mb, _ in raw.spans] == [
+        ("forward", 0),
+        ("eval", None),
+        ("backward", 0),
+        ("forward", 1),
+        ("optimizer", None),
+    ]
+    assert all(start <= end for _, start, end, _, _ in raw.spans)
     assert raw.end == raw.spans[-1][2] and tracker.heartbeat().phase == ""
 
     for _ in range(MAX_SPANS_PER_STEP + 10):
-        microbatch, start = tracker.open_forward(0)
-        tracker.close_forward("forward", start, microbatch, 0)
-    tracker.end_step(closing=("optimizer", tracker.open("optimizer")))
+        forward(module, 1)
+        backward(grads, (), {})
+    pre(None, (), {})
+    post(None, (), {})
     (raw,) = tracker.collect()
     assert len(raw.spans) == MAX_SPANS_PER_STEP and said == [1]
     assert tracker.heartbeat().phase == ""  # every phase opened past the cap was closed too
+    assert errors == []
 
 
 def test_close_and_open_hands_backward_over_to_grad_sync_at_one_mark_and_keeps_the_cap():

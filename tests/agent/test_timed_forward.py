@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import gc
 import io
 import pickle
+import weakref
 
 import pytest
 import torch
@@ -82,15 +84,16 @@ def test_pickle_and_deepcopy_give_the_original_class_untimed(ingest, attach_fast
 def test_detach_and_attach_again(ingest, attach_fast):
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    timed_classes = set()
+    timed_classes = []  # weak: the test must not keep them alive
     for job in ("first", "second", "third"):
         mon = attach_fast(model, optimizer, server=ingest.address, job=job)
-        timed_classes.add(type(model))
+        timed_classes.append(weakref.ref(type(model)))
         one_step(model, optimizer)
         mon.close()
         assert type(model) is nn.Sequential
         one_step(model, optimizer)  # detached: trains, records nothing
-    assert len(timed_classes) == 1  # one timed subclass per original class
+    gc.collect()
+    assert len(timed_classes) == 3 and all(ref() is None for ref in timed_classes)  # per attach, released
     for job in ("first", "second", "third"):
         steps = [s for b in ingest.servicer.snapshot() if b.coords.job == job for s in b.steps]
         assert [[s.kind for s in op_spans(step)] for step in steps] == [["forward", "backward", "optimizer"]]
