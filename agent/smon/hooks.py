@@ -18,7 +18,7 @@
   backward-end callback queues a second one, which runs once `finalize_backward` has returned.
   [backward end, second callback] is the exposed gradient-sync wait, and no Python runs in DDP's
   reduction path (ddp.py).
-- optimizer: step pre/post hooks; the post hook ends the training step.
+- optimizer: step pre/post hooks; the post hook, the tracker's `end_step` itself, ends the training step.
 
 Every hook body is wrapped: an exception is counted and logged once, never raised into training.
 """
