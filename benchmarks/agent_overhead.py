@@ -515,7 +515,7 @@ def ddp_rank(rank: int, port: int, server: str, rounds: int, steps: int, width: 
         return ddp, torch.optim.Adam(ddp.parameters(), lr=1e-5), loader
 
     best, gap = 8, float("inf")
-    for batch in (4, 8, 16, 24, 32, 48, 64, 96, 128):
+    for batch in (4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384):  # up to ~20 ms on a fast day
         model, optimizer, loader = ddp_loop(batch)
         run_block(model, optimizer, loader, 3)
         ms = torch.tensor([statistics.median(run_block(model, optimizer, loader, 20)) * 1e3])
