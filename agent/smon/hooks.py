@@ -291,13 +291,6 @@ class ModelHooks:
         else:
             tensor.register_hook(backward.hooks["smon"])
 
-    def abandon(self, began: tuple[str, Mark, int | None]) -> None:
-        """The forward raised: no span."""
-        try:
-            self._tracker.abandon_forward(began[1])
-        except Exception as exc:
-            self._errors.report("forward_hook", exc)
-
     # -- torch.autograd.backward calls (backward_calls.py) --------------------------------------
     def _set_call_timing(self, by_calls: bool) -> None:
         """While the calls time backward, the wrapper runs each call in the tracker's timer

@@ -38,11 +38,9 @@ _ANCHOR_SLACK = 1e-3  # re-anchor wall time only when the system clock moved by 
 # (sequence number, step, start mark, end mark, spans, sequence samples)
 EndedStep = tuple[int, int, Mark, Mark, list[RawSpan], Sequence[SeqSample]]
 _NO_SEQ: tuple[SeqSample, ...] = ()  # an ended step's samples when it has none
-ErrorReport = Callable[[str, BaseException], None]
+ErrorReport = Callable[[str, BaseException], None]  # ErrorCounter.report: count, log once, never raise
 # (torch.autograd.backward, args, kwargs) -> the call run once and returned (backward_calls.py)
-BackwardTimer = Callable[
-    [Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any
-]  # ErrorCounter.report: count, log once, never raise
+BackwardTimer = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
 
 @dataclass(slots=True)
@@ -267,7 +265,10 @@ class StepTracker:
             try:
                 item = next_fn(iterator)
             except BaseException:
-                tracker.discard(start)
+                try:
+                    tracker.discard(start)
+                except Exception as exc:  # never in place of the loader's own exception
+                    report("data_wait", exc)
                 raise
             try:
                 spans = tracker._spans
@@ -333,7 +334,10 @@ class StepTracker:
             try:
                 output = forward(module, *args, **kwargs)
             except BaseException:
-                tracker.abandon_forward(start)
+                try:
+                    tracker.abandon_forward(start)
+                except Exception as exc:  # never in place of the forward's own exception
+                    report("forward_hook", exc)
                 raise
             try:
                 tracker._forward_open = None
@@ -389,7 +393,10 @@ class StepTracker:
             try:
                 result = backward(*args, **kwargs)
             except BaseException:
-                tracker.discard(start)
+                try:
+                    tracker.discard(start)
+                except Exception as exc:  # never in place of the backward's own exception
+                    report("backward_call", exc)
                 raise
             try:
                 spans = tracker._spans
@@ -462,8 +469,11 @@ class StepTracker:
         step post hook (`optimizer_step_hooks`), so a step's end is one Python call: torch passes
         `hook_args` (the optimizer, args, kwargs; unused), and then an error is counted, never
         raised, and a closed monitor ends no step."""
-        if hook_args and not self.active:
-            return
+        if hook_args:
+            if len(hook_args) != 3:  # SMon's own callers pass keywords only
+                raise TypeError(f"end_step() takes keyword arguments, got {len(hook_args)} positional")
+            if not self.active:
+                return
         try:
             if end is None:
                 end = self._mark()

@@ -44,9 +44,15 @@ def time_forward(module: Any, make: MakeTimedForward) -> type | None:
 
 
 def restore(module: Any, original: type) -> None:
-    """Untime `module`: its original class back (unless someone swapped it again since)."""
-    if type(module).__dict__.get("_smon_original") is original:
-        module.__class__ = original
+    """Untime `module`: its original class back. If someone swapped the class again since (FSDP2's
+    `fully_shard` makes a subclass of it, and caches that), the timed class stays in their MRO
+    but loses its timed `forward`, so nothing there keeps the closed monitor alive or timing."""
+    for cls in type(module).__mro__:
+        if cls.__dict__.get("_smon_original") is original:
+            del cls.forward  # type: ignore[attr-defined]  # the original's forward shows through
+            if type(module) is cls:
+                module.__class__ = original
+            return
 
 
 def _timed_class(original: type, make: MakeTimedForward) -> type:
@@ -58,6 +64,8 @@ def _timed_class(original: type, make: MakeTimedForward) -> type:
         return _as_original(base_reduce_ex(self, protocol), timed, original)
 
     forward.__doc__ = base_forward.__doc__
+    forward.__name__ = base_forward.__name__  # stacks (py-spy, the profiler) name the model's forward
+    forward.__qualname__ = base_forward.__qualname__
     forward.__wrapped__ = base_forward  # type: ignore[attr-defined]  # inspect.signature sees the original
     namespace = {
         "forward": forward,

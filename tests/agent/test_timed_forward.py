@@ -164,3 +164,20 @@ def test_user_module_hooks_still_run(ingest, attach_fast):
     mon.close()
     assert seen == ["pre", "post"]
     assert kinds_per_step(ingest) == [["forward", "backward"]]
+
+
+def test_a_class_swapped_again_after_attach_lets_the_closed_monitor_go(ingest, attach_fast):
+    """FSDP2's `fully_shard` swaps the class again (a cached subclass of the timed one): close
+    cannot put the original class back, but the timed `forward` (which holds the monitor) leaves
+    that MRO, so the model still trains, untimed."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = attach_fast(model, optimizer, server=ingest.address, job="reswapped")
+    wrapped = type("FSDPSequential", (type(model),), {})  # as fully_shard does, and caches
+    model.__class__ = wrapped
+    one_step(model, optimizer)
+    mon.close()
+    assert type(model) is wrapped and "forward" not in wrapped.__mro__[1].__dict__
+    one_step(model, optimizer)  # trains, untimed (the timed forward, holding the monitor, is gone)
+    steps = [s for b in ingest.servicer.snapshot() if b.coords.job == "reswapped" for s in b.steps]
+    assert [[s.kind for s in op_spans(step)] for step in steps] == [["forward", "backward", "optimizer"]]
