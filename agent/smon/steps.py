@@ -194,6 +194,14 @@ class StepTracker:
                 del opened[i]
                 break
 
+    def discard_quietly(self, start: Mark, report: ErrorReport, kind: str) -> None:
+        """`discard`, for a timed call that raised: an error of SMon's is counted as `kind`, never
+        raised in place of the caller's own exception."""
+        try:
+            self.discard(start)
+        except Exception as exc:
+            report(kind, exc)
+
     # -- micro-batches ----------------------------------------------------------------------
     # A training forward is one phase and one micro-batch: the tracker keeps both, and the hooks
     # make one call to it each way. These run on every forward and backward, so they do `open` /
@@ -265,10 +273,7 @@ class StepTracker:
             try:
                 item = next_fn(iterator)
             except BaseException:
-                try:
-                    tracker.discard(start)
-                except Exception as exc:  # never in place of the loader's own exception
-                    report("data_wait", exc)
+                tracker.discard_quietly(start, report, "data_wait")
                 raise
             try:
                 spans = tracker._spans
@@ -334,10 +339,8 @@ class StepTracker:
             try:
                 output = forward(module, *args, **kwargs)
             except BaseException:
-                try:
-                    tracker.abandon_forward(start)
-                except Exception as exc:  # never in place of the forward's own exception
-                    report("forward_hook", exc)
+                tracker._forward_open = None
+                tracker.discard_quietly(start, report, "forward_hook")
                 raise
             try:
                 tracker._forward_open = None
@@ -393,10 +396,7 @@ class StepTracker:
             try:
                 result = backward(*args, **kwargs)
             except BaseException:
-                try:
-                    tracker.discard(start)
-                except Exception as exc:  # never in place of the backward's own exception
-                    report("backward_call", exc)
+                tracker.discard_quietly(start, report, "backward_call")
                 raise
             try:
                 spans = tracker._spans
