@@ -142,6 +142,11 @@ def _closed_port() -> int:
 
 def test_server_absent_training_unaffected(tmp_path: Path) -> None:
     disabled = run_job([], env={"SMON_DISABLE": "1"}, report=tmp_path / "off")
+    if disabled.returncode != 0 and "SIGABRT" in disabled.stderr:
+        # Only the baseline, with SMon switched off (attach installs nothing): torch 2.13's gloo
+        # has aborted a rank at exit here ("terminate called without an active exception"),
+        # twice in many runs. That is torch's, not SMon's, so the baseline is run once more.
+        disabled = run_job([], env={"SMON_DISABLE": "1"}, report=tmp_path / "off")
     assert disabled.returncode == 0, disabled.stderr[-4000:]
     absent = run_job(
         [],
