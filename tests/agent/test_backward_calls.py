@@ -72,6 +72,46 @@ def test_the_call_takes_over_in_a_plain_loop_and_times_what_the_hooks_timed(inge
             assert_backward_holds_its_sleep(span)
 
 
+def test_two_model_chunks_on_one_thread_each_time_the_same_call(ingest, attach_fast):
+    """Two chunks of one stage (an interleaved schedule's virtual stages): one backward call runs
+    both chunks' backwards, so once both have switched, the wrapper nests the two timers around
+    the one call (`_within`). Their spans hold what the hooks held before: chunk 1's backward
+    ends only with the graph, so each span holds chunk 0's sleep."""
+    first = mlp(forward_sleep=FORWARD_SLEEP, backward_sleep=BACKWARD_SLEEP)
+    second = nn.Sequential(nn.Linear(1, 1))  # its backward is short: chunk 0's hook fires soon
+    optimizer = torch.optim.SGD([*first.parameters(), *second.parameters()], lr=0.01)
+    steps = 2 * PROBE_CALLS + 2
+    loader = torch.utils.data.DataLoader(SlowDataset(n=2 * steps), batch_size=2)
+    original = torch.autograd.backward
+    mon = attach_fast([first, second], optimizer, loader, server=ingest.address)
+    chunks = sorted((r for r in mon._removables if hasattr(r, "backward_timing")), key=lambda h: h.chunk)
+    assert [h.chunk for h in chunks] == [0, 1]
+    assert [h.backward_timing for h in chunks] == ["probe", "probe"]
+    for x, y in loader:
+        nn.functional.mse_loss(second(first(x)), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert [h.backward_timing for h in chunks] == ["calls", "calls"]
+    mon.close()
+    assert torch.autograd.backward is original
+    assert mon.counters()["errors"] == 0
+    recorded = sorted_steps(ingest)
+    assert [s.step for s in recorded] == list(range(steps))
+    for step in recorded:  # the same spans before the switch (hooks) and after it (nested timers)
+        compute = [(s.kind, s.chunk) for s in op_spans(step) if s.kind in ("forward", "backward")]
+        assert compute[:2] == [("forward", 0), ("forward", 1)]
+        assert sorted(compute[2:]) == [("backward", 0), ("backward", 1)]
+        by_chunk = {s.chunk: s for s in backward_spans(step)}
+        assert all(s.microbatch == 0 for s in by_chunk.values())
+        for span in by_chunk.values():
+            assert_backward_holds_its_sleep(span)
+    # The last step's call ran in both timers, chunk 1's around chunk 0's: its span holds the
+    # other's whole (under hooks chunk 1's ended first, with the graph).
+    outer, inner = (by_chunk[c] for c in (1, 0))
+    assert outer.start <= inner.start
+    assert inner.start + inner.duration <= outer.start + outer.duration
+
+
 def test_reentrant_checkpointing_nests_backward_calls_and_the_call_still_takes_over(ingest, attach_fast):
     """Reentrant activation checkpointing calls torch.autograd.backward inside backward: only the
     outer call is the micro-batch's backward."""
