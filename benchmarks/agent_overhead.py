@@ -61,7 +61,7 @@ nvidia-resiliency-ext (0.4.1 is the release the issue measured) is optional and 
     .venv/bin/pip install --no-deps nvidia-resiliency-ext==0.4.1
     .venv/bin/python benchmarks/agent_overhead.py [--rounds 300] [--ddp-jobs 4] [--ddp-rounds 1000]
 
-It takes about 15 minutes with the defaults, most of it figure 2 (4 jobs of 1000 rounds, each
+It takes about 10 minutes with the defaults, most of it figure 2 (4 jobs of 1000 rounds, each
 job's median known to about ±1.2% on this 2-core VM; 8 jobs halve the interval over jobs).
 `--rounds 0 --ddp-tiny-rounds 0` runs figures 3 and 2 alone.
 """
