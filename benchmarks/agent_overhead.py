@@ -61,8 +61,9 @@ nvidia-resiliency-ext (0.4.1 is the release the issue measured) is optional and 
     .venv/bin/pip install --no-deps nvidia-resiliency-ext==0.4.1
     .venv/bin/python benchmarks/agent_overhead.py [--rounds 300] [--ddp-jobs 4] [--ddp-rounds 1000]
 
-It takes about 10 minutes with the defaults, most of it figure 2 (4 jobs of 1000 rounds, each
-job's median known to about ±1.2% on this 2-core VM; 8 jobs halve the interval over jobs).
+It should take about 9 minutes with the defaults (estimated from 8-job runs of 750 rounds, about
+85 s a job), most of it figure 2: 4 jobs of 1000 rounds, each job's median known to about ±1.2%
+on this 2-core VM; 8 jobs halve the interval over jobs.
 `--rounds 0 --ddp-tiny-rounds 0` runs figures 3 and 2 alone.
 """
 
@@ -243,9 +244,9 @@ class Variants:
     def __init__(
         self, make: Callable[[], tuple[Any, Any, Any]], *, server: str, made: tuple[str, ...] = VARIANTS
     ) -> None:
-        # The copies are made in the order `made`: which copy is made first shows in its step
-        # time (figure 2: `none`, made first, ran 1% slower than the A/A control, made last, over
-        # six jobs), so figure 2 rotates the order from job to job.
+        # The copies are made in the order `made`. Figure 2 rotates it from job to job: with a
+        # fixed order, `none` (made first) ran 1% slower than the A/A control (made last) over six
+        # jobs, and with the order rotated the A/A control centred on zero.
         self.made = list(made)
         self.loops = {variant: make() for variant in self.made}
         # Each variant's epoch carries on from one block to the next, as in training: a block of

@@ -190,21 +190,23 @@ def _wrap(calls: BackwardCalls, original: Callable[..., Any]) -> Callable[..., A
                 calls.depth = 0
             owner.call_end()
             return result
-        mine = [owner for owner in owners if owner.thread == ident]
         call = original
-        for owner in mine:
+        probing = []  # told of the call's end, as they were of its start
+        for owner in owners:
+            if owner.thread != ident:
+                continue
             if owner.timed_call is not None:
                 call = _within(owner.timed_call, call)
             else:
                 owner.call_begin()
+                probing.append(owner)
         calls.depth = 1
         try:
             result = call(*args, **kwargs)
         finally:
             calls.depth = 0
-        for owner in mine:
-            if owner.timed_call is None:
-                owner.call_end()
+        for owner in probing:
+            owner.call_end()
         return result
 
     return backward

@@ -311,9 +311,7 @@ class StepTracker:
         mark = self._mark
 
         def timed(module: Any, *args: Any, **kwargs: Any) -> Any:
-            if module is not owner.module:  # another instance made from the timed class
-                return forward(module, *args, **kwargs)
-            if not tracker.active:
+            if module is not owner.module or not tracker.active:  # (another instance of the class)
                 return forward(module, *args, **kwargs)
             try:
                 start = mark()
