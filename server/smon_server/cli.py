@@ -105,16 +105,21 @@ def build_parser() -> argparse.ArgumentParser:
     upgrade.add_argument("revision", nargs="?", default="head")
     upgrade.set_defaults(func=cmd_db_upgrade)
 
-    analyze = sub.add_parser("analyze", help="what-if analysis of a per-op trace file")
-    analyze.add_argument("trace", type=Path, help="per-op parquet trace")
+    analyze = sub.add_parser(
+        "analyze", help="what-if analysis of a per-op trace file or a folder of profiler traces"
+    )
+    analyze.add_argument(
+        "trace", type=Path, help="per-op parquet trace, or a folder of PyTorch profiler traces (one per rank)"
+    )
     analyze.add_argument("--meta", type=Path, help="job meta YAML (dp/pp/tp sizes)")
     analyze.add_argument("--json", action="store_true", help="print the summary object as JSON")
     analyze.add_argument(
         "--estimator",
         choices=("paper", "robust"),
-        default="paper",
-        help="ideal durations: the paper's mean over all instances (default, reproduces its "
-        "results) or the mean over workers that do not stand out from their peers",
+        default=None,
+        help="ideal durations: the paper's mean over all instances (default for a per-op file: "
+        "reproduces its results) or the mean over workers that do not stand out from their peers "
+        "(default for profiler traces)",
     )
     analyze.set_defaults(func=cmd_analyze)
 
