@@ -44,6 +44,9 @@ def attach(
     pp_size: int | None = None,
     tp_size: int | None = None,
     mesh: Any = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    local_rank: int | None = None,
     start_step: int = 0,
     enable: bool = True,
     timing: str | Clock = "auto",
@@ -75,6 +78,8 @@ def attach(
         file (default `SMON_TLS=1`, `SMON_TLS_CA`; a CA file implies TLS).
     dp/pp/tp_rank, *_size, mesh: parallel coordinates (else SMON_*_RANK / SMON_*_SIZE, else
         detected from a DeviceMesh or Megatron's parallel_state, else pure data parallel).
+    rank, world_size, local_rank: this process's place in the job (default RANK, WORLD_SIZE,
+        LOCAL_RANK as torchrun sets them); for launchers that set none of these.
     start_step: number of the first step (resuming from a checkpoint).
     enable: False (or SMON_DISABLE=1) returns a Monitor whose every method does nothing.
     timing: "auto" (CUDA events when the model lives on a GPU, else wall clock), "host", "cuda",
@@ -110,6 +115,9 @@ def _attach(
     pp_size: int | None,
     tp_size: int | None,
     mesh: Any,
+    rank: int | None,
+    world_size: int | None,
+    local_rank: int | None,
     start_step: int,
     enable: bool,
     timing: str | Clock,
@@ -117,7 +125,7 @@ def _attach(
     **tuning: Any,
 ) -> Monitor:
     config = resolve_config(server=server, token=token, **tuning)
-    identity = process_identity()
+    identity = process_identity(rank, world_size, local_rank)
     parallel = resolve_parallel(
         identity,
         explicit={

@@ -58,11 +58,14 @@ class ProcessIdentity:
     pid: int
 
 
-def process_identity() -> ProcessIdentity:
-    """RANK / WORLD_SIZE / LOCAL_RANK as torchrun sets them (a single process otherwise)."""
-    rank = env_int("RANK") or 0
-    world_size = env_int("WORLD_SIZE") or 1
-    local_rank = env_int("LOCAL_RANK")
+def process_identity(
+    rank: int | None = None, world_size: int | None = None, local_rank: int | None = None
+) -> ProcessIdentity:
+    """RANK / WORLD_SIZE / LOCAL_RANK as torchrun sets them (a single process otherwise); the
+    arguments, when given, win: launchers that set no RANK (Lightning's own, MPI) know them."""
+    rank = rank if rank is not None else env_int("RANK") or 0
+    world_size = world_size if world_size is not None else env_int("WORLD_SIZE") or 1
+    local_rank = local_rank if local_rank is not None else env_int("LOCAL_RANK")
     return ProcessIdentity(
         rank=rank,
         world_size=max(world_size, rank + 1),
