@@ -1,8 +1,10 @@
-"""Hugging Face Accelerate: `mon = smon.integrations.accelerate.attach(accelerator)` after
-`accelerator.prepare(...)`.
+"""Hugging Face Accelerate: `mon = smon.integrations.accelerate.attach(accelerator, model)` after
+`model, optimizer, loader = accelerator.prepare(...)`.
 
-The loop is the user's, so SMon takes what `prepare` returned from the accelerator: the prepared
-model (the DDP / FSDP wrapper), the torch optimizer inside `AcceleratedOptimizer` (its step runs
+The loop is the user's, so SMon takes what `prepare` made: the prepared model as passed (the DDP
+wrapper: Accelerate keeps only the unwrapped model for DDP, which leaves the gradient sync out of
+SMon's view, so pass the model `prepare` returned), the torch optimizer inside
+`AcceleratedOptimizer` (its step runs
 only when gradients sync, so `accelerator.accumulate(...)` makes one step of N micro-batches),
 and the training dataloader when only one was prepared (else pass `dataloader=`). The rank is
 the accelerator's process index; dp / tp / cp coordinates come from its device mesh when a
@@ -19,7 +21,14 @@ import contextlib
 import logging
 from typing import Any
 
-from smon.integrations.base import CHECKPOINT, LOG, PhaseTimers, job_name, start, torch_optimizer
+from smon.integrations.base import (
+    CHECKPOINT,
+    LOG,
+    PhaseTimers,
+    start,
+    torch_loader,
+    torch_optimizer,
+)
 from smon.monitor import Monitor
 
 logger = logging.getLogger("smon")
@@ -42,8 +51,8 @@ def attach(
         options: dict[str, Any] = {
             "model": model if model is not None else (models[0] if models else None),
             "optimizer": torch_optimizer(optimizer if optimizer is not None else (optimizers or [None])[0]),
-            "dataloader": dataloader if dataloader is not None else _only(loaders),
-            "job": attach_kwargs.pop("job", None) or job_name(_run_name(accelerator)),
+            "dataloader": torch_loader(dataloader if dataloader is not None else _only(loaders)),
+            "job": attach_kwargs.pop("job", None),
             "rank": getattr(accelerator, "process_index", None),
             "world_size": getattr(accelerator, "num_processes", None),
             "local_rank": getattr(accelerator, "local_process_index", None),
@@ -65,15 +74,6 @@ def attach(
 def _only(loaders: list[Any]) -> Any:
     """The training loader when only one was prepared (with an eval loader too, which is which?)."""
     return loaders[0] if len(loaders) == 1 else None
-
-
-def _run_name(accelerator: Any) -> str | None:
-    """The tracker run's name: the project_name every tracker was started with."""
-    for tracker in getattr(accelerator, "trackers", None) or []:
-        name = getattr(tracker, "run_name", None)
-        if name:
-            return str(name)
-    return None
 
 
 def _device_mesh(accelerator: Any) -> Any:

@@ -36,20 +36,35 @@ def job_name(run_name: Any) -> str | None:
 
 
 def torch_optimizer(optimizer: Any) -> Any:
-    """The torch optimizer inside a framework's wrapper (Accelerate's `AcceleratedOptimizer`,
-    Lightning's `LightningOptimizer`, ...), whose step hooks fire once per real optimizer step:
-    a wrapper's `step()` that gradient accumulation skips never reaches it. None if there is none."""
+    """The innermost torch optimizer inside a framework's wrappers (Accelerate's
+    `AcceleratedOptimizer` is one itself and holds the real one as `.optimizer`; Lightning's
+    `LightningOptimizer` holds it as `._optimizer`), whose step hooks fire once per real optimizer
+    step: a wrapper's `step()` that gradient accumulation skips never reaches it. None if there
+    is none (DeepSpeed's ZeRO optimizers are no torch optimizers)."""
     try:
-        import torch
+        from torch.optim import Optimizer
     except ImportError:
         return None
-    seen = 0
-    while optimizer is not None and seen < 8:
-        if isinstance(optimizer, torch.optim.Optimizer):
-            return optimizer
-        optimizer = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
-        seen += 1
-    return None
+    found = optimizer if isinstance(optimizer, Optimizer) else None
+    for _ in range(8):
+        inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
+        if inner is None or inner is optimizer:
+            break
+        optimizer = inner
+        if isinstance(inner, Optimizer):
+            found = inner
+    return found
+
+
+def torch_loader(loader: Any) -> Any:
+    """The torch DataLoader a framework's loader iterates (Accelerate's `DataLoaderShard` and
+    `DataLoaderDispatcher` keep it as `base_dataloader` and cannot have their class swapped)."""
+    for _ in range(4):
+        inner = getattr(loader, "base_dataloader", None)
+        if inner is None or inner is loader:
+            break
+        loader = inner
+    return loader
 
 
 def start(framework: str, **kwargs: Any) -> Monitor:

@@ -80,6 +80,10 @@ class SMonCallback(Callback):
                 "smon: could not attach to the Lightning Trainer (%r); training goes on unmonitored", exc
             )
 
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.monitor.enabled:
+            _sync_wrapper_modes(trainer, pl_module)
+
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -105,6 +109,21 @@ class SMonCallback(Callback):
             self._phases = None
         self.monitor.close()
         self.monitor = Monitor()
+
+
+def _sync_wrapper_modes(trainer: Any, pl_module: Any) -> None:
+    """Give Lightning's wrappers around the LightningModule (DDP, `_LightningModuleWrapperBase`)
+    the module's train / eval flag. Validation calls `trainer.model.eval()` (the outermost
+    wrapper, recursively) but restores the modes of the LightningModule's own modules only, so the
+    wrappers, which SMon times, stay in eval mode and every later training forward would be taken
+    for evaluation. Only the wrappers' own flag is set (not recursively): they hold no layers."""
+    wrapper = getattr(trainer.strategy, "model", None)
+    for _ in range(4):
+        if wrapper is None or wrapper is pl_module:
+            return
+        if wrapper.training != pl_module.training:
+            wrapper.training = pl_module.training
+        wrapper = getattr(wrapper, "module", None) or getattr(wrapper, "_forward_module", None)
 
 
 def _run_name(trainer: Any) -> str | None:

@@ -21,7 +21,16 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
-from smon.integrations.base import CHECKPOINT, EVAL, LOG, PhaseTimers, job_name, start, torch_optimizer
+from smon.integrations.base import (
+    CHECKPOINT,
+    EVAL,
+    LOG,
+    PhaseTimers,
+    job_name,
+    start,
+    torch_loader,
+    torch_optimizer,
+)
 from smon.monitor import Monitor
 
 logger = logging.getLogger("smon")
@@ -62,7 +71,7 @@ class SMonCallback(TrainerCallback):
             options: dict[str, Any] = {
                 "model": wrapped if wrapped is not None else model,
                 "optimizer": torch_opt,
-                "dataloader": train_dataloader,
+                "dataloader": torch_loader(train_dataloader),
                 "job": job_name(getattr(args, "run_name", None)),
                 "rank": getattr(args, "process_index", None),
                 "world_size": getattr(args, "world_size", None),

@@ -1,0 +1,107 @@
+"""Hugging Face Accelerate loop under torchrun (gloo, CPU) with
+`smon.integrations.accelerate.attach(accelerator)`.
+
+`accelerate_job.py OUT PREFIX --slow-rank R --delay S`: runs `PREFIX-healthy`, `PREFIX-slow` and
+`PREFIX-plain` (see jobs.py). Accelerate keeps its trackers (and their run name) on the main
+process only, so the run's name is passed to attach as `job=` (SMON_JOB unset).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.tracking import GeneralTracker
+from torch.utils.data import DataLoader
+
+from smon.integrations import accelerate as smon_accelerate
+from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, write_report
+
+STEPS, ACCUMULATE, EVERY = 16, 2, 8
+
+
+class MemoryTracker(GeneralTracker):
+    """An experiment tracker that keeps what it is sent (as Accelerate's own trackers do, it is
+    constructed with the run's name)."""
+
+    name = "memory"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str) -> None:
+        super().__init__()
+        self.run_name = run_name
+        self.logged: list[dict[str, Any]] = []
+
+    @property
+    def tracker(self) -> Any:
+        return self.logged
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        pass
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.logged.append({"step": step, **values})
+
+
+def run(out: Path, name: str, monitored: bool, slow_rank: int, delay: float) -> dict[str, Any]:
+    torch.manual_seed(0)
+    accelerator = Accelerator(
+        cpu=True, gradient_accumulation_steps=ACCUMULATE, log_with=[MemoryTracker(name)]
+    )
+    accelerator.init_trackers(name)
+    model = tiny_gpt2()
+    if accelerator.process_index == slow_rank:
+        slow_down(model, delay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    train = DataLoader(Tokens(), batch_size=4)
+    held_out = DataLoader(Tokens(16, seed=1), batch_size=8)
+    model, optimizer, train, held_out = accelerator.prepare(model, optimizer, train, held_out)
+    monitor = smon_accelerate.attach(accelerator, model, dataloader=train, job=name, enable=monitored)
+    losses: list[float] = []
+    step = 0
+    for batch in train:
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        if not accelerator.sync_gradients:
+            continue
+        step += 1
+        losses.append(float(loss.detach()))
+        accelerator.log({"loss": losses[-1]}, step=step)
+        if step % EVERY == 0:
+            model.eval()
+            with torch.no_grad():
+                for held in held_out:
+                    model(**held)
+            model.train()
+            accelerator.save_state(str(out / name / f"step-{step}"))
+        if step == STEPS:
+            break
+    # accelerator.end_training() would close the monitor too, but it also destroys the process
+    # group, which the next run in this process needs.
+    monitor.close()
+    return {"losses": losses, "params": checksum(accelerator.unwrap_model(model))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("prefix")
+    parser.add_argument("--slow-rank", type=int, default=1)
+    parser.add_argument("--delay", type=float, default=0.05)
+    a = parser.parse_args()
+    runs = {
+        "healthy": run(a.out, f"{a.prefix}-healthy", True, -1, 0.0),
+        "slow": run(a.out, f"{a.prefix}-slow", True, a.slow_rank, a.delay),
+        "plain": run(a.out, f"{a.prefix}-plain", False, -1, 0.0),
+    }
+    write_report(a.out, runs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Hugging Face Trainer under torchrun (gloo, CPU) with `callbacks=[SMonCallback()]`.
+
+`hf_job.py OUT PREFIX --slow-rank R --delay S`: runs `PREFIX-healthy`, `PREFIX-slow` and
+`PREFIX-plain` (see jobs.py); the run names are the jobs' ids on the server (SMON_JOB unset).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from transformers import Trainer, TrainingArguments
+
+from smon.integrations.transformers import SMonCallback
+from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, write_report
+
+STEPS, ACCUMULATE, EVERY = 16, 2, 8
+
+
+def run(out: Path, name: str, monitored: bool, slow_rank: int, delay: float) -> dict[str, Any]:
+    model = tiny_gpt2()
+    args = TrainingArguments(
+        output_dir=str(out / name),
+        run_name=name,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=8,
+        gradient_accumulation_steps=ACCUMULATE,
+        max_steps=STEPS,
+        learning_rate=1e-3,
+        eval_strategy="steps",
+        eval_steps=EVERY,
+        save_strategy="steps",
+        save_steps=EVERY,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        ddp_backend="gloo",
+        seed=0,
+        data_seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    if args.process_index == slow_rank:
+        slow_down(model, delay)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=Tokens(),
+        eval_dataset=Tokens(16, seed=1),
+        callbacks=[SMonCallback()] if monitored else [],
+    )
+    result = trainer.train()
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    return {"loss": result.training_loss, "losses": losses, "params": checksum(model)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("prefix")
+    parser.add_argument("--slow-rank", type=int, default=1)
+    parser.add_argument("--delay", type=float, default=0.05)
+    a = parser.parse_args()
+    runs = {
+        "healthy": run(a.out, f"{a.prefix}-healthy", True, -1, 0.0),
+        "slow": run(a.out, f"{a.prefix}-slow", True, a.slow_rank, a.delay),
+        "plain": run(a.out, f"{a.prefix}-plain", False, -1, 0.0),
+    }
+    write_report(a.out, runs)
+
+
+if __name__ == "__main__":
+    main()

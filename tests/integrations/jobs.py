@@ -1,0 +1,70 @@
+"""What the framework jobs share: a tiny causal LM built offline, token data, the injected
+straggler, and the report a job writes for its test.
+
+Each framework's job (run under torchrun, gloo, CPU) trains three times in one process group:
+`healthy` (SMon on), `slow` (SMon on, one rank sleeping in every training forward) and `plain`
+(SMon off, the healthy run's seed): the test compares `healthy` with `plain` to show SMon leaves
+training results unchanged, and reads the server's analysis of the two monitored runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+VOCAB, SEQ, SAMPLES = 64, 16, 256
+
+
+class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Fixed random token sequences: the same on every rank and every run."""
+
+    def __init__(self, count: int = SAMPLES, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, VOCAB, (count, SEQ), generator=generator)
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def tiny_gpt2(seed: int = 0) -> nn.Module:
+    """A 2-layer GPT-2 from a config transformers builds offline (no hub download)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=SEQ)
+    return GPT2LMHeadModel(config)
+
+
+def slow_down(module: nn.Module, delay: float) -> None:
+    """The straggler: `delay` seconds of sleep before every training forward of `module`."""
+
+    def sleep(mod: nn.Module, _args: Any) -> None:
+        if mod.training and torch.is_grad_enabled():
+            time.sleep(delay)
+
+    module.register_forward_pre_hook(sleep)
+
+
+def checksum(model: nn.Module) -> list[float]:
+    return [float(p.detach().double().sum()) for p in model.parameters()]
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def write_report(out: Path, runs: dict[str, Any]) -> None:
+    if rank() == 0:
+        (out / "report.json").write_text(json.dumps(runs))
