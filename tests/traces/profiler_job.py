@@ -3,7 +3,8 @@
 Run under torchrun: `profiler_job.py OUTDIR [--slow-rank R --delay S] [--gzip]`. The slow rank
 sleeps `delay` seconds inside its forward (a forward pre-hook of the inner module), the injected
 straggler the offline analysis must name. Each rank also writes its own step wall times
-(`truth-rank<r>.json`) so a test can compare the analysis with what the job measured.
+(`truth/rank<r>.json`, beside the traces) so a test can compare the analysis with what the job
+measured.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def main() -> None:
         with path.open("rb") as raw, gzip.open(f"{path}.gz", "wb") as packed:
             shutil.copyfileobj(raw, packed)
         path.unlink()
-    (args.out / f"truth-rank{rank}.json").write_text(json.dumps({"rank": rank, "step_seconds": times}))
+    truth = args.out / "truth"
+    truth.mkdir(exist_ok=True)
+    (truth / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "step_seconds": times}))
     dist.barrier()
     dist.destroy_process_group()
 
