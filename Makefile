@@ -9,12 +9,16 @@ STAMP  := $(VENV)/.installed
 venv: $(STAMP)
 
 # The CPU wheel of torch 2.13.0 lies on this machine's disk; installing it first keeps pip
-# from resolving `torch` to a multi-GB CUDA build.
+# from resolving `torch` to a multi-GB CUDA build, and naming it again in the second install
+# keeps the framework extras (tests/integrations) from replacing it.
+EXTRAS := server,torch,dev,transformers,lightning,accelerate,deepspeed
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[server,torch,dev]"
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" "torch==2.13.0"
+	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 
 # The dashboard (web/) built into the server package, which serves it and ships it in wheels.

@@ -24,7 +24,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 VOCAB, SEQ, SAMPLES = 64, 16, 256
 
 
-class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class Tokens(torch.utils.data.Dataset):
     """Fixed random token sequences: the same on every rank and every run."""
 
     def __init__(self, count: int = SAMPLES, seed: int = 0) -> None:

@@ -1,5 +1,6 @@
 """End to end: each framework's one-line integration in a real 2-rank job (torchrun, gloo, CPU),
-a real server on loopback.
+a real server on loopback: Hugging Face Trainer, Accelerate, Lightning's DDP strategy, DeepSpeed
+ZeRO-1.
 
 Each job trains three times (jobs.py): a healthy run must name nobody, a run with one rank
 sleeping in every training forward must name that rank with its cause, the framework's own
@@ -116,8 +117,8 @@ def check_framework(server: BackgroundServer, report: dict[str, Any], prefix: st
     assert straggler["evidence"]["op_type"] == "forward-compute", brief(slow)
     assert slow["slowdown"] >= 1.1, brief(slow)
     for rank in (0, 1):
-        assert {"eval", "checkpoint", "log"} <= phases_seen(server, f"{prefix}-healthy", rank) | {"log"}
-    assert "log" in phases_seen(server, f"{prefix}-healthy", 0)  # the main process logs
+        assert {"eval", "checkpoint"} <= phases_seen(server, f"{prefix}-healthy", rank)
+    assert "log" in phases_seen(server, f"{prefix}-healthy", 0)  # the main process logs everywhere
     # SMon leaves training alone: the monitored run and the unmonitored one agree exactly.
     assert report["healthy"]["losses"] == report["plain"]["losses"]
     assert report["healthy"]["params"] == report["plain"]["params"]
@@ -138,3 +139,8 @@ def test_accelerate_loop(live_server: BackgroundServer, tmp_path: Path) -> None:
 def test_lightning_ddp(live_server: BackgroundServer, tmp_path: Path) -> None:
     prefix = f"lightning-{time.time_ns()}"
     check_framework(live_server, run_framework_job("lightning_job.py", live_server, tmp_path, prefix), prefix)
+
+
+def test_deepspeed_engine(live_server: BackgroundServer, tmp_path: Path) -> None:
+    prefix = f"deepspeed-{time.time_ns()}"
+    check_framework(live_server, run_framework_job("deepspeed_job.py", live_server, tmp_path, prefix), prefix)

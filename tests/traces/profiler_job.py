@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,7 @@ def main() -> None:
     model = nn.parallel.DistributedDataParallel(inner)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = [(torch.randn(32, 64), torch.randn(32, 8)) for _ in range(4)]
-    loader = torch.utils.data.DataLoader(data, batch_size=None)
+    loader: Any = torch.utils.data.DataLoader(data, batch_size=None)  # type: ignore[arg-type]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"rank{rank}.pt.trace.json"
     times: list[float] = []
