@@ -18,7 +18,7 @@ from accelerate.tracking import GeneralTracker
 from torch.utils.data import DataLoader
 
 from smon.integrations import accelerate as smon_accelerate
-from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, write_report
+from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, warm_shipper, write_report
 
 STEPS, ACCUMULATE, EVERY = 16, 2, 8
 
@@ -53,8 +53,7 @@ def run(out: Path, name: str, monitored: bool, slow_rank: int, delay: float) -> 
     )
     accelerator.init_trackers(name)
     model = tiny_gpt2()
-    if accelerator.process_index == slow_rank:
-        slow_down(model, delay)
+    slow_down(model, delay if accelerator.process_index == slow_rank else 0.0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     train = DataLoader(Tokens(), batch_size=4)
     held_out = DataLoader(Tokens(16, seed=1), batch_size=8)
@@ -95,6 +94,7 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=1)
     parser.add_argument("--delay", type=float, default=0.05)
     a = parser.parse_args()
+    warm_shipper()
     runs = {
         "healthy": run(a.out, f"{a.prefix}-healthy", True, -1, 0.0),
         "slow": run(a.out, f"{a.prefix}-slow", True, a.slow_rank, a.delay),

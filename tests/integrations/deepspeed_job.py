@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from smon.integrations import deepspeed as smon_deepspeed
-from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, write_report
+from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, warm_shipper, write_report
 
 STEPS, ACCUMULATE, EVERY = 16, 2, 8
 
@@ -38,8 +38,7 @@ def run(out: Path, name: str, monitored: bool, slow_rank: int, delay: float) -> 
         "steps_per_print": 1000,
     }
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    if engine.global_rank == slow_rank:
-        slow_down(engine.module, delay)
+    slow_down(engine.module, delay if engine.global_rank == slow_rank else 0.0)
     monitor = smon_deepspeed.attach(engine, enable=monitored)
     train = DataLoader(Tokens(), batch_size=4)
     held_out = DataLoader(Tokens(16, seed=1), batch_size=8)
@@ -73,6 +72,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.05)
     a = parser.parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
+    warm_shipper()
     runs = {
         "healthy": run(a.out, f"{a.prefix}-healthy", True, -1, 0.0),
         "slow": run(a.out, f"{a.prefix}-slow", True, a.slow_rank, a.delay),

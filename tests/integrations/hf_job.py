@@ -13,7 +13,7 @@ from typing import Any
 from transformers import Trainer, TrainingArguments
 
 from smon.integrations.transformers import SMonCallback
-from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, write_report
+from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, warm_shipper, write_report
 
 STEPS, ACCUMULATE, EVERY = 16, 2, 8
 
@@ -41,8 +41,7 @@ def run(out: Path, name: str, monitored: bool, slow_rank: int, delay: float) -> 
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    if args.process_index == slow_rank:
-        slow_down(model, delay)
+    slow_down(model, delay if args.process_index == slow_rank else 0.0)
     trainer = Trainer(
         model=model,
         args=args,
@@ -62,6 +61,7 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=1)
     parser.add_argument("--delay", type=float, default=0.05)
     a = parser.parse_args()
+    warm_shipper()
     runs = {
         "healthy": run(a.out, f"{a.prefix}-healthy", True, -1, 0.0),
         "slow": run(a.out, f"{a.prefix}-slow", True, a.slow_rank, a.delay),

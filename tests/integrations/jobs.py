@@ -5,12 +5,18 @@ Each framework's job (run under torchrun, gloo, CPU) trains three times in one p
 `healthy` (SMon on), `slow` (SMon on, one rank sleeping in every training forward) and `plain`
 (SMon off, the healthy run's seed): the test compares `healthy` with `plain` to show SMon leaves
 training results unchanged, and reads the server's analysis of the two monitored runs.
+
+Every rank also sleeps `DEVICE_SECONDS` in every training forward, as a GPU's compute would take
+time without taking a core: a tiny model's step is a few ms of CPU, and 2 ranks scheduled on 2
+shared cores would otherwise be mostly scheduling noise (as in tests/e2e).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 VOCAB, SEQ, SAMPLES = 64, 16, 256
+DEVICE_SECONDS = 0.03
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -48,13 +55,22 @@ def tiny_gpt2(seed: int = 0) -> nn.Module:
 
 
 def slow_down(module: nn.Module, delay: float) -> None:
-    """The straggler: `delay` seconds of sleep before every training forward of `module`."""
+    """Simulated device time, and the straggler's `delay` on top: sleep before every training
+    forward of `module`."""
 
     def sleep(mod: nn.Module, _args: Any) -> None:
         if mod.training and torch.is_grad_enabled():
-            time.sleep(delay)
+            time.sleep(DEVICE_SECONDS + delay)
 
     module.register_forward_pre_hook(sleep)
+
+
+def warm_shipper() -> None:
+    """Load SMon's shipper process's imports once before the first run. The server decides a new
+    agent's attempt by whether the job's other agents are still live, so on a loaded machine a run
+    of a few seconds whose first shipper is slow to start (a cold grpc import) can find the other
+    rank already finished and open a second attempt (reported with the branch)."""
+    subprocess.run([sys.executable, "-c", "import grpc, smon.sidecar"], check=False)
 
 
 def checksum(model: nn.Module) -> list[float]:

@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from smon.integrations.lightning import SMonCallback
-from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, write_report
+from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, warm_shipper, write_report
 
 STEPS, ACCUMULATE, EVERY = 16, 2, 8
 
@@ -67,8 +67,7 @@ def run(
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    if trainer.global_rank == slow_rank:
-        slow_down(module.net, delay)
+    slow_down(module.net, delay if trainer.global_rank == slow_rank else 0.0)
     trainer.fit(module, DataLoader(Tokens(), batch_size=4), DataLoader(Tokens(16, seed=1), batch_size=8))
     return {"losses": module.losses, "params": checksum(module)}
 
@@ -80,6 +79,7 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=1)
     parser.add_argument("--delay", type=float, default=0.05)
     a = parser.parse_args()
+    warm_shipper()
     runs = {
         "healthy": run(a.out, a.prefix, "healthy", True, -1, 0.0),
         "slow": run(a.out, a.prefix, "slow", True, a.slow_rank, a.delay),

@@ -170,7 +170,7 @@ def parse_rank(path: Path, raw: Any, fallback_rank: int) -> RankTrace:
             host_collectives.append((ts, ts + dur))
         elif step := _STEP.match(name):
             steps.append((int(step.group(1)), ts, ts + dur, e.get("pid"), e.get("tid")))
-        elif cat in ("user_annotation", "python_function", "cpu_op"):
+        elif cat == "user_annotation":  # not python_function: with_stack names every call
             annotations.append((name, ts, ts + dur, e.get("tid")))
     if not steps:
         raise TraceError(f"{path}: no ProfilerStep#N annotations (record with prof.step() each step)")
