@@ -99,23 +99,28 @@ def to_step_record(
 
     # Span offsets are measured from the step's start mark on the same clock as the durations,
     # so on CUDA they place spans where the device ran them.
-    rows: list[tuple[float, float, str, int | None, int]] = []
+    # (offset, seconds, kind, micro-batch, chunk, the host's seconds for device-timed spans)
+    rows: list[tuple[float, float, str, int | None, int, float | None]] = []
+    host_time = clock.host_time
     for kind, start, end, microbatch, chunk in raw.spans:
         offset = clock.elapsed(raw.start, start)
-        rows.append((offset, max(0.0, clock.elapsed(start, end)), kind, microbatch, chunk))
+        host = max(0.0, host_time(end) - host_time(start)) if clock.device else None
+        rows.append((offset, max(0.0, clock.elapsed(start, end)), kind, microbatch, chunk, host))
     gc_seconds = 0.0
     for gc_start, seconds in raw.gc_pauses:
         gc_seconds += seconds
         if seconds >= gc_span_min_seconds:
             # GC is a host pause: placed by host time relative to the step's host start.
-            rows.append((gc_start - clock.host_time(raw.start), seconds, "gc", None, 0))
+            rows.append((gc_start - host_time(raw.start), seconds, "gc", None, 0, None))
     rows.sort(key=lambda r: r[0])
 
     phases: dict[str, float] = {}
-    for offset, seconds, kind, microbatch, chunk in rows:
+    for offset, seconds, kind, microbatch, chunk, host in rows:
         span = record.spans.add(kind=kind, start=start_time + offset, duration=seconds, chunk=chunk)
         if microbatch is not None:
             span.microbatch = microbatch
+        if host is not None:
+            span.host_duration = host
         phases[kind] = phases.get(kind, 0.0) + seconds
     if raw.gc_pauses:
         phases["gc"] = gc_seconds  # every pause, including those too short to be spans
