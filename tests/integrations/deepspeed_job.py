@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,8 @@ import deepspeed.comm.torch
 import torch
 from torch.utils.data import DataLoader
 
-from smon.integrations import deepspeed as smon_deepspeed
-from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, warm_shipper, write_report
+import smon.integrations.deepspeed as smon_deepspeed
+from tests.integrations.jobs import Tokens, checksum, main, slow_down, tiny_gpt2
 
 STEPS, ACCUMULATE, EVERY = 16, 2, 8
 
@@ -64,22 +63,18 @@ def run(out: Path, name: str, monitored: bool, slow_rank: int, delay: float) -> 
     return {"losses": losses, "params": checksum(engine.module)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out", type=Path)
-    parser.add_argument("prefix")
-    parser.add_argument("--slow-rank", type=int, default=1)
-    parser.add_argument("--delay", type=float, default=0.05)
-    a = parser.parse_args()
+def init_process_group() -> None:
+    """DeepSpeed's own start of the process group (it keeps one that is already started)."""
     deepspeed.init_distributed(dist_backend="gloo")
-    warm_shipper()
-    runs = {
-        "healthy": run(a.out, f"{a.prefix}-healthy", True, -1, 0.0),
-        "slow": run(a.out, f"{a.prefix}-slow", True, a.slow_rank, a.delay),
-        "plain": run(a.out, f"{a.prefix}-plain", False, -1, 0.0),
+
+
+def runs(out: Path, prefix: str, slow_rank: int, delay: float) -> dict[str, dict[str, Any]]:
+    return {
+        "healthy": run(out, f"{prefix}-healthy", True, -1, 0.0),
+        "slow": run(out, f"{prefix}-slow", True, slow_rank, delay),
+        "plain": run(out, f"{prefix}-plain", False, -1, 0.0),
     }
-    write_report(a.out, runs)
 
 
 if __name__ == "__main__":
-    main()
+    main(runs, init_process_group)

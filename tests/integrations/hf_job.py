@@ -6,14 +6,13 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 from transformers import Trainer, TrainingArguments
 
 from smon.integrations.transformers import SMonCallback
-from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, warm_shipper, write_report
+from tests.integrations.jobs import Tokens, checksum, main, slow_down, tiny_gpt2
 
 STEPS, ACCUMULATE, EVERY = 16, 2, 8
 
@@ -54,21 +53,13 @@ def run(out: Path, name: str, monitored: bool, slow_rank: int, delay: float) -> 
     return {"loss": result.training_loss, "losses": losses, "params": checksum(model)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out", type=Path)
-    parser.add_argument("prefix")
-    parser.add_argument("--slow-rank", type=int, default=1)
-    parser.add_argument("--delay", type=float, default=0.05)
-    a = parser.parse_args()
-    warm_shipper()
-    runs = {
-        "healthy": run(a.out, f"{a.prefix}-healthy", True, -1, 0.0),
-        "slow": run(a.out, f"{a.prefix}-slow", True, a.slow_rank, a.delay),
-        "plain": run(a.out, f"{a.prefix}-plain", False, -1, 0.0),
+def runs(out: Path, prefix: str, slow_rank: int, delay: float) -> dict[str, dict[str, Any]]:
+    return {
+        "healthy": run(out, f"{prefix}-healthy", True, -1, 0.0),
+        "slow": run(out, f"{prefix}-slow", True, slow_rank, delay),
+        "plain": run(out, f"{prefix}-plain", False, -1, 0.0),
     }
-    write_report(a.out, runs)
 
 
 if __name__ == "__main__":
-    main()
+    main(runs)

@@ -13,11 +13,13 @@ shared cores would otherwise be mostly scheduling noise (as in tests/e2e).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +86,20 @@ def rank() -> int:
 def write_report(out: Path, runs: dict[str, Any]) -> None:
     if rank() == 0:
         (out / "report.json").write_text(json.dumps(runs))
+
+
+Runs = Callable[[Path, str, int, float], dict[str, dict[str, Any]]]
+
+
+def main(runs: Runs, start: Callable[[], None] | None = None) -> None:
+    """A job's command line: `JOB.py OUT PREFIX [--slow-rank R] [--delay S]`."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("prefix")
+    parser.add_argument("--slow-rank", type=int, default=1)
+    parser.add_argument("--delay", type=float, default=0.05)
+    a = parser.parse_args()
+    if start is not None:
+        start()
+    warm_shipper()
+    write_report(a.out, runs(a.out, a.prefix, a.slow_rank, a.delay))

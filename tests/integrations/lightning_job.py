@@ -7,7 +7,6 @@ names the job `PREFIX-RUN` on the server (SMON_JOB unset).
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from smon.integrations.lightning import SMonCallback
-from tests.integrations.jobs import Tokens, checksum, slow_down, tiny_gpt2, warm_shipper, write_report
+from tests.integrations.jobs import Tokens, checksum, main, slow_down, tiny_gpt2
 
 STEPS, ACCUMULATE, EVERY = 16, 2, 8
 
@@ -72,21 +71,13 @@ def run(
     return {"losses": module.losses, "params": checksum(module)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out", type=Path)
-    parser.add_argument("prefix")
-    parser.add_argument("--slow-rank", type=int, default=1)
-    parser.add_argument("--delay", type=float, default=0.05)
-    a = parser.parse_args()
-    warm_shipper()
-    runs = {
-        "healthy": run(a.out, a.prefix, "healthy", True, -1, 0.0),
-        "slow": run(a.out, a.prefix, "slow", True, a.slow_rank, a.delay),
-        "plain": run(a.out, a.prefix, "plain", False, -1, 0.0),
+def runs(out: Path, prefix: str, slow_rank: int, delay: float) -> dict[str, dict[str, Any]]:
+    return {
+        "healthy": run(out, prefix, "healthy", True, -1, 0.0),
+        "slow": run(out, prefix, "slow", True, slow_rank, delay),
+        "plain": run(out, prefix, "plain", False, -1, 0.0),
     }
-    write_report(a.out, runs)
 
 
 if __name__ == "__main__":
-    main()
+    main(runs)

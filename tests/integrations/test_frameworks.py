@@ -41,10 +41,15 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background
         yield server
 
 
-def run_framework_job(script: str, server: BackgroundServer, out: Path, prefix: str) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def reports(live_server: BackgroundServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One torchrun launch runs every framework's job (all_jobs.py): one process group and one
+    import of each framework for the four, the slowest part of each job. {prefix, reports, log}."""
+    out = tmp_path_factory.mktemp("jobs")
+    prefix = f"fw-{time.time_ns()}"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-        str(HERE / script), str(out), prefix, "--slow-rank", "1", "--delay", str(DELAY),
+        str(HERE / "all_jobs.py"), str(out), prefix, "--slow-rank", "1", "--delay", str(DELAY),
     ]  # fmt: skip
     env = {
         **os.environ,
@@ -52,18 +57,22 @@ def run_framework_job(script: str, server: BackgroundServer, out: Path, prefix: 
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        "SMON_SERVER": server.grpc_target,
+        "SMON_SERVER": live_server.grpc_target,
         # A run's last steps reach the server before the next run starts, however loaded the
         # machine (the shipper process of each run starts while the job runs).
         "SMON_AGENT_FLUSH_TIMEOUT": "30",
         "SMON_LOG_LEVEL": "INFO",
     }
     env.pop("SMON_JOB", None)  # the jobs are named after the frameworks' run names
-    done = run_job_command(command, env, timeout=420)
-    assert done.returncode == 0, done.stderr[-6000:]
-    report = dict(json.loads((out / "report.json").read_text()))
-    report["smon_log"] = "\n".join(line for line in done.stderr.splitlines() if "smon" in line.lower())
-    return report
+    done = run_job_command(command, env, timeout=900)
+    log = "\n".join(line for line in done.stderr.splitlines() if "smon" in line.lower())
+    found = {}
+    for framework in ("transformers", "accelerate", "lightning", "deepspeed"):
+        path = out / framework / "report.json"
+        if path.exists():
+            found[framework] = json.loads(path.read_text())
+    return {"prefix": prefix, "reports": found, "log": log[-4000:], "failed": done.returncode != 0,
+            "stderr": done.stderr[-6000:]}  # fmt: skip
 
 
 def last_steps(server: BackgroundServer, job: str) -> list[int | None]:
@@ -105,8 +114,10 @@ def brief(s: dict[str, Any]) -> str:
     return json.dumps(shown, default=str)[:6000]
 
 
-def check_framework(server: BackgroundServer, report: dict[str, Any], prefix: str) -> None:
-    log = report["smon_log"][-4000:]
+def check_framework(server: BackgroundServer, jobs: dict[str, Any], framework: str) -> None:
+    if framework not in jobs["reports"]:
+        pytest.fail(f"the {framework} job did not finish; the job's stderr ends:\n{jobs['stderr']}")
+    report, prefix, log = jobs["reports"][framework], f"{jobs['prefix']}-{framework}", jobs["log"]
     healthy, slow = summary(server, f"{prefix}-healthy", log), summary(server, f"{prefix}-slow", log)
     assert healthy["world_size"] == slow["world_size"] == 2
     assert healthy["stragglers"] == [], brief(healthy)
@@ -124,23 +135,17 @@ def check_framework(server: BackgroundServer, report: dict[str, Any], prefix: st
     assert report["healthy"]["params"] == report["plain"]["params"]
 
 
-def test_transformers_trainer(live_server: BackgroundServer, tmp_path: Path) -> None:
-    prefix = f"hf-{time.time_ns()}"
-    check_framework(live_server, run_framework_job("hf_job.py", live_server, tmp_path, prefix), prefix)
+def test_transformers_trainer(live_server: BackgroundServer, reports: dict[str, Any]) -> None:
+    check_framework(live_server, reports, "transformers")
 
 
-def test_accelerate_loop(live_server: BackgroundServer, tmp_path: Path) -> None:
-    prefix = f"accelerate-{time.time_ns()}"
-    check_framework(
-        live_server, run_framework_job("accelerate_job.py", live_server, tmp_path, prefix), prefix
-    )
+def test_accelerate_loop(live_server: BackgroundServer, reports: dict[str, Any]) -> None:
+    check_framework(live_server, reports, "accelerate")
 
 
-def test_lightning_ddp(live_server: BackgroundServer, tmp_path: Path) -> None:
-    prefix = f"lightning-{time.time_ns()}"
-    check_framework(live_server, run_framework_job("lightning_job.py", live_server, tmp_path, prefix), prefix)
+def test_lightning_ddp(live_server: BackgroundServer, reports: dict[str, Any]) -> None:
+    check_framework(live_server, reports, "lightning")
 
 
-def test_deepspeed_engine(live_server: BackgroundServer, tmp_path: Path) -> None:
-    prefix = f"deepspeed-{time.time_ns()}"
-    check_framework(live_server, run_framework_job("deepspeed_job.py", live_server, tmp_path, prefix), prefix)
+def test_deepspeed_engine(live_server: BackgroundServer, reports: dict[str, Any]) -> None:
+    check_framework(live_server, reports, "deepspeed")
