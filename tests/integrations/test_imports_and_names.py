@@ -117,3 +117,67 @@ def test_torchtitan_trainer_subclass_builds_itself() -> None:
 
     assert issubclass(SMonTrainer, trainer_module.Trainer)
     assert SMonTrainer.Config._owner is SMonTrainer
+
+
+def test_torchtitan_hook_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    """attach() on torchtitan's own parts, up to what runs without CUDA: the OptimizersContainer
+    (steps end at its step), ParallelDims (coordinates), and the methods its Trainer.train calls
+    on the checkpointer, validator and metrics processor, timed as phases, with a real gRPC ingest
+    server receiving the steps. A whole Trainer (its model registry, CUDA) was not built."""
+    pytest.importorskip("torchtitan.trainer", reason="torchtitan is not installed")
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.components.metrics import MetricsProcessor
+    from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
+    from torchtitan.components.validate import Validator
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    from smon.integrations import torchtitan as smon_torchtitan
+    from tests.agent.ingest_server import IngestServer, RecordingIngest
+
+    for cls, method in ((CheckpointManager, "save"), (Validator, "validate"), (MetricsProcessor, "log")):
+        assert callable(getattr(cls, method)), (cls, method)  # what Trainer.train calls
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.delenv("SMON_JOB", raising=False)
+    monkeypatch.setenv("WANDB_RUN_NAME", "titan-run")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    groups = [ParamGroupConfig(pattern=".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 1e-3})]
+    optimizers = OptimizersContainer.Config(implementation="for-loop", param_groups=groups).build(
+        model_parts=[model]
+    )
+    calls: list[str] = []
+    trainer = SimpleNamespace(
+        model_parts=[model],
+        optimizers=optimizers,
+        dataloader=None,
+        step=0,
+        parallel_dims=ParallelDims(dp_replicate=2, dp_shard=2, cp=1, tp=2, pp=2, ep=1, world_size=16),
+        checkpointer=SimpleNamespace(save=lambda step, last_step=False: calls.append("save")),
+        validator=SimpleNamespace(validate=lambda parts, step: calls.append("validate")),
+        metrics_processor=SimpleNamespace(log=lambda step, *a, **k: calls.append("log")),
+    )
+    server = IngestServer(RecordingIngest()).start()
+    try:
+        monitor = smon_torchtitan.attach(trainer, server=server.address, nvml_interval=0)
+        for step in range(1, 4):
+            model(torch.randn(4, 8)).sum().backward()
+            optimizers.step()
+            optimizers.zero_grad()
+            trainer.metrics_processor.log(step)
+            trainer.checkpointer.save(step)
+            trainer.validator.validate(trainer.model_parts, step)
+        monitor.close(timeout=10)
+        steps = server.servicer.steps()
+        coords = server.servicer.snapshot()[0].coords
+    finally:
+        server.stop()
+    assert calls == ["log", "save", "validate"] * 3
+    assert sorted(s.step for s in steps) == [0, 1, 2]
+    assert {"forward", "backward", "optimizer"} <= set(steps[0].phases)
+    assert {"log", "checkpoint", "eval"} <= {k for s in steps for k in s.phases}
+    assert coords.job == "titan-run"
+    expected = parallel_coordinates(trainer.parallel_dims, 5)
+    assert (coords.dp_rank, coords.pp_rank, coords.tp_rank) == (
+        expected["dp_rank"], expected["pp_rank"], expected["tp_rank"]
+    )  # fmt: skip
+    assert (coords.dp_size, coords.pp_size, coords.tp_size) == (4, 2, 2)

@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Any
 
+from smon.config import env_int
 from smon.integrations.base import CHECKPOINT, EVAL, LOG, PhaseTimers, job_name, start
 from smon.monitor import Monitor
 
@@ -41,7 +42,7 @@ def attach(trainer: Any, **attach_kwargs: Any) -> Monitor:
             "job": attach_kwargs.pop("job", None) or job_name(os.environ.get("WANDB_RUN_NAME")),
             "start_step": int(getattr(trainer, "step", 0) or 0),
             **_rank(),
-            **parallel_coordinates(getattr(trainer, "parallel_dims", None), _rank().get("rank")),
+            **parallel_coordinates(getattr(trainer, "parallel_dims", None), _rank().get("rank", _env_rank())),
         }
         monitor = start("torchtitan", **{**options, **attach_kwargs})
         if monitor.enabled:
@@ -87,6 +88,10 @@ def _rank() -> dict[str, int]:
     except Exception:
         pass
     return {}
+
+
+def _env_rank() -> int:
+    return env_int("RANK") or 0
 
 
 def __getattr__(name: str) -> Any:
