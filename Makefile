@@ -9,12 +9,14 @@ STAMP  := $(VENV)/.installed
 venv: $(STAMP)
 
 # The CPU wheel of torch 2.13.0 lies on this machine's disk; installing it first keeps pip
-# from resolving `torch` to a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+# from resolving `torch` to a multi-GB CUDA build. The filter hides setuptools' note that folders
+# named like a package in the working directory may shadow an editable install: SMon's packages
+# live in agent/ and server/, so there are none.
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[server,torch,dev]"
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e ".[server,torch,dev]"
 	touch $(STAMP)
 
 # The dashboard (web/) built into the server package, which serves it and ships it in wheels.
@@ -62,9 +64,12 @@ bench: venv
 	$(PY) benchmarks/agent_overhead.py
 	$(PY) benchmarks/whatif_speed.py
 
-# A wheel with the dashboard built in (pip users get it without Node).
+# A wheel with the dashboard built in (pip users get it without Node). setuptools copies sources
+# into build/ and packs what it finds there: a stale build/ would ship modules deleted since.
 wheel: venv web
-	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
+	rm -rf build
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	@ls dist/smon-*.whl
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache \

@@ -32,16 +32,20 @@ def free_port() -> int:
 def start_server(
     database_url: str, http: int, grpc: int, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start `smon server` on fixed ports and wait until /readyz answers. Its output goes to a
-    file that a failure to start quotes (a busy port, a migration that failed)."""
+    """Start `smon server` on fixed ports and wait until /readyz answers."""
     smon = Path(sys.executable).parent / "smon"
+    command = [str(smon), "server", "--db", database_url, "--http-port", str(http), "--grpc-port", str(grpc)]
+    return start_command(command, http, {**os.environ, **(env or {})})
+
+
+def start_command(
+    command: list[str], http: int, env: dict[str, str], cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a server process (`command`, in exactly `env`) and wait until /readyz answers on
+    `http`. Its output goes to a file that a failure to start quotes (a busy port, a migration
+    that failed, a module missing from an install)."""
     log = tempfile.NamedTemporaryFile(prefix="smon-server-", suffix=".log", delete=False)  # noqa: SIM115
-    process = subprocess.Popen(
-        [str(smon), "server", "--db", database_url, "--http-port", str(http), "--grpc-port", str(grpc)],
-        env={**os.environ, **(env or {})},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    process = subprocess.Popen(command, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

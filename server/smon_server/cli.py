@@ -5,14 +5,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from smon_server.settings import Settings
+if TYPE_CHECKING:
+    from smon_server.settings import Settings
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    from smon_server.settings import Settings
+
     overrides: dict[str, object] = {}
     if getattr(args, "db", None):
         overrides["database_url"] = args.db
@@ -124,7 +130,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def missing_server_packages() -> list[str]:
+    """The `server` extra's distributions this environment lacks: `pip install smon` without it
+    gives the agent (all a training job needs) and this command, which runs only with them."""
+    try:
+        requires = metadata.requires("smon") or []
+    except metadata.PackageNotFoundError:  # a source tree, not installed: nothing to say
+        return []
+    missing = []
+    for requirement in requires:
+        name = re.match(r"[A-Za-z0-9._-]+", requirement)
+        if name is None or not re.search(r"""extra\s*==\s*["']server["']""", requirement):
+            continue
+        try:
+            metadata.distribution(name.group(0))
+        except metadata.PackageNotFoundError:
+            missing.append(name.group(0))
+    return missing
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    missing = missing_server_packages()
+    if missing:
+        print(
+            f"smon: this environment has SMon's agent only ({', '.join(missing)} not installed).\n"
+            "The smon command (server, demo, db, analyze, alerts) needs the server's dependencies:\n"
+            "    pip install 'smon[server]'",
+            file=sys.stderr,
+        )
+        return 2
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

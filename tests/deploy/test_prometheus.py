@@ -73,7 +73,9 @@ def test_metrics_exposition_is_lint_clean(promtool: str, db: Database) -> None:
     assert b'smon_job_slowdown_ratio{job="slow"} 1.4' in text
     assert b'smon_job_gpu_wasted_seconds_total{job="slow"} 9000.0' in text  # 2.5 GPU-hours
     done = run(promtool, "check", "metrics", stdin=text)
-    assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), (done.stdout + done.stderr).decode()
+    assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), (
+        done.stdout + done.stderr
+    ).decode()
 
 
 def test_rules_use_only_exported_metrics(db: Database) -> None:
