@@ -33,6 +33,20 @@ def test_db_upgrade_migrates_to_head(database_url: str) -> None:
     assert head is not None and f"revision {head}" in done.stdout
 
 
+def test_an_unreachable_database_is_one_clear_line() -> None:
+    # Nothing listens on that port: what an operator sees when the database is not up yet.
+    url = f"postgresql://smon:secret@127.0.0.1:{free_port()}/smon"
+    for command in (
+        ("db", "upgrade", "--db", url),
+        ("server", "--db", url, "--http-port", "0", "--grpc-port", "0"),
+    ):
+        done = smon(*command)
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr and "secret" not in done.stderr, done.stderr
+        [line] = [line for line in done.stderr.splitlines() if line.startswith("smon:")]
+        assert line.startswith("smon: cannot use the database postgresql+psycopg://smon:***@127.0.0.1:"), line
+
+
 def test_analyze_json_prints_the_summary_object(monkeypatch: pytest.MonkeyPatch) -> None:
     folder = shared_dir() / "conformance" / "whatif"
     if not (folder / "trace-ST.parquet").exists():

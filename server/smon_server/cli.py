@@ -38,7 +38,10 @@ def cmd_server(args: argparse.Namespace) -> int:
         f"database {_redact(settings.database_url)}",
         flush=True,
     )
-    asyncio.run(serve(settings, freeze_heap=True))
+    try:
+        asyncio.run(serve(settings, freeze_heap=True))
+    except _database_unavailable() as exc:
+        return _unreachable(settings.database_url, exc)
     return 0
 
 
@@ -51,9 +54,30 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     try:
         migrate.upgrade(db, args.revision)
         print(f"database {_redact(settings.database_url)} at revision {migrate.current_revision(db)}")
+    except _database_unavailable() as exc:
+        return _unreachable(settings.database_url, exc)
     finally:
         db.dispose()
     return 0
+
+
+def _database_unavailable() -> tuple[type[BaseException], ...]:
+    from smon_server.store.db import DATABASE_UNAVAILABLE
+
+    return DATABASE_UNAVAILABLE
+
+
+def _unreachable(url: str, exc: BaseException) -> int:
+    """One line, not a page of traceback, for what an operator fixes outside SMon: a database
+    that is not up yet (a container started before it), a wrong host, password or name.
+    `smon -v` logs the traceback too."""
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    logging.getLogger(__name__).debug("database unavailable", exc_info=exc)
+    print(
+        f"smon: cannot use the database {_redact(url)}: {reason[0] if reason else type(exc).__name__}",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
