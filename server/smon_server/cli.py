@@ -31,6 +31,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def cmd_server(args: argparse.Namespace) -> int:
     from smon_server.runtime import serve
+    from smon_server.store.db import DATABASE_UNAVAILABLE
 
     settings = _settings(args)
     print(
@@ -40,31 +41,25 @@ def cmd_server(args: argparse.Namespace) -> int:
     )
     try:
         asyncio.run(serve(settings, freeze_heap=True))
-    except _database_unavailable() as exc:
+    except DATABASE_UNAVAILABLE as exc:
         return _unreachable(settings.database_url, exc)
     return 0
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from smon_server.store import migrate
-    from smon_server.store.db import Database
+    from smon_server.store.db import DATABASE_UNAVAILABLE, Database
 
     settings = _settings(args)
     db = Database(settings.database_url)
     try:
         migrate.upgrade(db, args.revision)
         print(f"database {_redact(settings.database_url)} at revision {migrate.current_revision(db)}")
-    except _database_unavailable() as exc:
+    except DATABASE_UNAVAILABLE as exc:
         return _unreachable(settings.database_url, exc)
     finally:
         db.dispose()
     return 0
-
-
-def _database_unavailable() -> tuple[type[BaseException], ...]:
-    from smon_server.store.db import DATABASE_UNAVAILABLE
-
-    return DATABASE_UNAVAILABLE
 
 
 def _unreachable(url: str, exc: BaseException) -> int:

@@ -34,9 +34,12 @@ TORCH = "torch==2.13.0"
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment less what points Python at the checkout or configures SMon."""
+    """This process's environment less what points Python at the checkout or configures SMon
+    (the test environment's bin folder leaves PATH too)."""
     dropped = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "XDG_DATA_HOME")
     env = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("SMON_")}
+    ours = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != ours)
     return {**env, **extra}
 
 
@@ -133,6 +136,12 @@ def wheelhouse(
     """Every dependency of both environments, as pip resolves them from the index now."""
     cache = request.config.cache
     folder = cache.mkdir("smon-wheelhouse") if cache is not None else tmp_path_factory.mktemp("wheelhouse")
+    # torch's CPU wheel lies on this machine's disk (pip's find-links); from the index alone pip
+    # would take a CUDA build of several GB.
+    offline = ["download", "--quiet", "--no-deps", "--no-index", "--dest", str(folder), TORCH]
+    pip = [sys.executable, "-m", "pip"]
+    if subprocess.run([*pip, *offline], env=clean_env(), capture_output=True, check=False).returncode:
+        skip_or_fail(f"no {TORCH} wheel among pip's find-links (the CPU build kept on disk)")
     run(
         [
             sys.executable,
