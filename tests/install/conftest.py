@@ -11,6 +11,7 @@ there with `--no-index`.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -136,26 +137,19 @@ def wheelhouse(
     """Every dependency of both environments, as pip resolves them from the index now."""
     cache = request.config.cache
     folder = cache.mkdir("smon-wheelhouse") if cache is not None else tmp_path_factory.mktemp("wheelhouse")
+    with open(folder / ".lock", "w") as lock:  # pytest-xdist workers share the folder
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _download(folder, wheel, image_recipe)
+
+
+def _download(folder: Path, wheel: Path, image_recipe: recipe.ImageRecipe) -> Path:
+    pip = [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(folder)]
     # torch's CPU wheel lies on this machine's disk (pip's find-links); from the index alone pip
     # would take a CUDA build of several GB.
-    offline = ["download", "--quiet", "--no-deps", "--no-index", "--dest", str(folder), TORCH]
-    pip = [sys.executable, "-m", "pip"]
-    if subprocess.run([*pip, *offline], env=clean_env(), capture_output=True, check=False).returncode:
+    offline = subprocess.run([*pip, "--no-deps", "--no-index", TORCH], env=clean_env(), capture_output=True)
+    if offline.returncode != 0:
         skip_or_fail(f"no {TORCH} wheel among pip's find-links (the CPU build kept on disk)")
-    run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--dest",
-            folder,
-            f"{wheel}[{image_recipe.extra}]",
-            TORCH,
-        ],
-        cwd=wheel.parent,
-    )
+    run([*pip, f"{wheel}[{image_recipe.extra}]", TORCH], cwd=wheel.parent)
     for copy in folder.glob("smon-*.whl"):
         copy.unlink()  # the wheel under test is installed from its own path
     return folder
