@@ -369,16 +369,21 @@ def test_a_locked_sqlite_database_refuses_a_batch_within_the_statement_timeout(
         with caplog.at_level(logging.INFO), pytest.raises(grpc.RpcError) as refused:
             stub.Push(f.batch("locked", 0, 1, steps=steps), timeout=60)
         took = time.monotonic() - started
+        with caplog.at_level(logging.INFO), pytest.raises(grpc.RpcError) as ended:
+            list(stub.Stream(iter([f.batch("locked", 0, 1, steps=steps)]), timeout=60))
         blocker.execute("ROLLBACK")
         blocker.close()
         with caplog.at_level(logging.INFO):
             ack = stub.Push(f.batch("locked", 0, 1, steps=steps), timeout=60)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and took < 15, took
+    # A stream ended so says that nothing it left unacked was stored (the agent counts on it).
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert ("smon-unacked-not-stored", "1") in tuple(ended.value.trailing_metadata() or ())
     assert (ack.accepted, ack.duplicate) == (3, False)
     said = [r.getMessage() for r in caplog.records if r.name == "smon_server.store.availability"]
     assert [m.split(":")[0].split(" after")[0] for m in said] == [
         "database unavailable",
         "database available again",
     ], said
-    assert "database is locked" in said[0] and "1 ingest batches refused" in said[1]
+    assert "database is locked" in said[0] and "2 ingest batches refused" in said[1]
     assert not [r for r in caplog.records if r.exc_info]

@@ -109,7 +109,8 @@ class IngestService:
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Ack]:
         """Batches are read ahead of their Acks (up to STREAM_READ_AHEAD), so several of an
-        agent's batches can wait for, and share, the same commit; Acks go out in order."""
+        agent's batches can wait for, and share, the same commit; Acks go out in order (but for
+        those settled as a failure ends the stream: an Ack names its seq)."""
         await self._authenticate(context)
         handled: asyncio.Queue[asyncio.Task[pb.Ack] | None] = asyncio.Queue()
         # A task is made only once there is room: a reader stopped while it waits leaves no batch
