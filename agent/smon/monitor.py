@@ -294,7 +294,9 @@ class ActiveMonitor(Monitor):
         if self._closed:
             return
         try:
-            self.tracker.add_seq(capture_explicit(seq_lens), microbatch, explicit=True)
+            tracker = self.tracker
+            if tracker.timed:  # (a step the device clock does not time is not recorded)
+                tracker.add_seq(capture_explicit(seq_lens, tracker.device_event), microbatch, explicit=True)
         except Exception as exc:
             self.errors.report("record_batch", exc)
 
