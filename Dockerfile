@@ -11,7 +11,7 @@ RUN mkdir -p ../server/smon_server/dashboard && npm run build
 
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY agent ./agent
 COPY server ./server
 COPY migrations ./migrations

@@ -10,14 +10,16 @@ venv: $(STAMP)
 
 # The CPU wheel of torch 2.13.0 lies on this machine's disk; installing it first keeps pip
 # from resolving `torch` to a multi-GB CUDA build, and naming it again in the second install
-# keeps the framework extras (tests/integrations) from replacing it.
+# keeps the framework extras (tests/integrations) from replacing it. The filter hides setuptools'
+# note that folders named like a package in the working directory may shadow an editable
+# install: SMon's packages live in agent/ and server/, so there are none.
 EXTRAS := server,torch,dev,transformers,lightning,accelerate,deepspeed
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" "torch==2.13.0"
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet -e ".[$(EXTRAS)]" "torch==2.13.0"
 	$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 
@@ -66,9 +68,12 @@ bench: venv
 	$(PY) benchmarks/agent_overhead.py
 	$(PY) benchmarks/whatif_speed.py
 
-# A wheel with the dashboard built in (pip users get it without Node).
+# A wheel with the dashboard built in (pip users get it without Node). setuptools copies sources
+# into build/ and packs what it finds there: a stale build/ would ship modules deleted since.
 wheel: venv web
-	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
+	rm -rf build
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	@ls dist/smon-*.whl
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache \

@@ -308,6 +308,9 @@ class ActiveMonitor(Monitor):
             + self.tracker.uncollected_drops()
             + (feeder.lost if feeder else 0)
             + int(shipping.get("dropped", 0)),
+            # Given up at exit after being sent on a stream that ended without a verdict: they
+            # may have been stored, so they are not counted as dropped (smon/shipper.py).
+            "unconfirmed_records": int(shipping.get("unconfirmed", 0)),
             "errors": self.errors.count + int(shipping.get("errors", 0)),
             "queued": len(self._records)
             + len(self.tracker.ended)

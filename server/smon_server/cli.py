@@ -5,14 +5,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import re
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from smon_server.settings import Settings
+if TYPE_CHECKING:
+    from smon_server.settings import Settings
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    from smon_server.settings import Settings
+
     overrides: dict[str, object] = {}
     if getattr(args, "db", None):
         overrides["database_url"] = args.db
@@ -23,8 +30,16 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)  # type: ignore[arg-type]
 
 
+def _quiet_grpc_core() -> None:
+    """gRPC's C core logs each failed TLS handshake (a plain-text client retrying against a TLS
+    server: a line every 50 ms) at INFO. Before grpc is imported; GRPC_VERBOSITY set wins."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
 def cmd_server(args: argparse.Namespace) -> int:
+    _quiet_grpc_core()
     from smon_server.runtime import serve
+    from smon_server.store.db import DATABASE_UNAVAILABLE
 
     settings = _settings(args)
     print(
@@ -32,22 +47,40 @@ def cmd_server(args: argparse.Namespace) -> int:
         f"database {_redact(settings.database_url)}",
         flush=True,
     )
-    asyncio.run(serve(settings, freeze_heap=True))
+    try:
+        asyncio.run(serve(settings, freeze_heap=True))
+    except DATABASE_UNAVAILABLE as exc:
+        return _unreachable(settings.database_url, exc)
     return 0
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from smon_server.store import migrate
-    from smon_server.store.db import Database
+    from smon_server.store.db import DATABASE_UNAVAILABLE, Database
 
     settings = _settings(args)
     db = Database(settings.database_url)
     try:
         migrate.upgrade(db, args.revision)
         print(f"database {_redact(settings.database_url)} at revision {migrate.current_revision(db)}")
+    except DATABASE_UNAVAILABLE as exc:
+        return _unreachable(settings.database_url, exc)
     finally:
         db.dispose()
     return 0
+
+
+def _unreachable(url: str, exc: BaseException) -> int:
+    """One line, not a page of traceback, for what an operator fixes outside SMon: a database
+    that is not up yet (a container started before it), a wrong host, password or name.
+    `smon -v` logs the traceback too."""
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    logging.getLogger(__name__).debug("database unavailable", exc_info=exc)
+    print(
+        f"smon: cannot use the database {_redact(url)}: {reason[0] if reason else type(exc).__name__}",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -57,6 +90,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    _quiet_grpc_core()
     from smon_server.demo import runner as demo
 
     return demo.main(
@@ -129,7 +163,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def missing_server_packages() -> list[str]:
+    """The `server` extra's distributions this environment lacks: `pip install smon` without it
+    gives the agent (all a training job needs) and this command, which runs only with them."""
+    try:
+        requires = metadata.requires("smon") or []
+    except metadata.PackageNotFoundError:  # a source tree, not installed: nothing to say
+        return []
+    missing = []
+    for requirement in requires:
+        name = re.match(r"[A-Za-z0-9._-]+", requirement)
+        if name is None or not re.search(r"""extra\s*==\s*["']server["']""", requirement):
+            continue
+        try:
+            metadata.distribution(name.group(0))
+        except metadata.PackageNotFoundError:
+            missing.append(name.group(0))
+    return missing
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    missing = missing_server_packages()
+    if missing:
+        print(
+            f"smon: this environment has SMon's agent only ({', '.join(missing)} not installed).\n"
+            "The smon command (server, demo, db, analyze, alerts) needs the server's dependencies:\n"
+            "    pip install 'smon[server]'",
+            file=sys.stderr,
+        )
+        return 2
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -119,8 +119,11 @@ def main(
 def report(summary: dict[str, Any], result: WhatIfResult) -> Any:
     """A rich renderable: headline, attributions, M_W / M_S, diagnoses, data notes."""
     from rich.console import Group
+    from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
+
+    from smon_server.views.evidence import sentences
 
     def ratio(x: float | None) -> str:
         return "—" if x is None else f"{x:.3f}"
@@ -173,12 +176,12 @@ def report(summary: dict[str, Any], result: WhatIfResult) -> Any:
         table.add_column("conf.", justify="right")
         table.add_column("evidence / recommendation", ratio=1)
         for d in s["diagnoses"]:
-            evidence = ", ".join(f"{k}={_short(v)}" for k, v in d["evidence"].items())
+            evidence = escape(" ".join(sentences(d["cause"], d["evidence"])))
             table.add_row(
                 d["cause"],
                 f"{d['share']:.0%}",
                 f"{d['confidence']:.2f}",
-                f"{evidence}\n→ {d['recommendation']}",
+                f"{evidence}\n→ {escape(d['recommendation'])}",
             )
         parts.append(table)
     if s["stragglers"]:
@@ -191,8 +194,3 @@ def report(summary: dict[str, Any], result: WhatIfResult) -> Any:
     if notes:
         parts.append("data notes: " + ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in notes.items()))
     return Group(*parts)
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, separators=(",", ":")) if not isinstance(value, str) else value
-    return text if len(text) <= 120 else text[:117] + "..."

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import yaml
 from smon_server.api.main import create_app
 from smon_server.context import ServerContext
 from smon_server.settings import Settings
+from tests.install import recipe
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"
@@ -81,14 +83,23 @@ def test_dockerfile_ships_the_package_as_a_non_root_server() -> None:
     for source in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.M):
         for path in source.split():
             assert (REPO / path).exists(), path
-    # The image ships the dashboard built (the package's dist/, which git does not hold).
-    assert re.search(r"^COPY --from=web \S+/dashboard/dist \./server/smon_server/dashboard/dist$", text, re.M)
+    # tests/install builds, installs and runs the wheel by this recipe (read from this file).
+    image = recipe.read(REPO / "Dockerfile")
+    # The build stage copies what the wheel is made of: the build configuration, the readme its
+    # metadata includes, and every folder pyproject maps to a package.
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    needed = {"pyproject.toml", "setup.py", pyproject["project"]["readme"]}
+    needed |= set(pyproject["tool"]["setuptools"]["package-dir"].values())
+    missing = {n for n in needed if not any(Path(n).is_relative_to(s) for s in image.sources)}
+    assert not missing, missing
+    # ... and the dashboard built (the package's dist/, which git does not hold).
+    assert image.built == (("web", "server/smon_server/dashboard/dist"),)
+    assert image.extra == "server"  # FastAPI, SQLAlchemy, psycopg, ...
+    assert image.entrypoint == ("smon", "server")
     exposed = {int(p) for line in re.findall(r"^EXPOSE (.+)$", text, flags=re.M) for p in line.split()}
     assert exposed == {SETTINGS.http_port, SETTINGS.grpc_port}
     user = re.findall(r"^USER (\S+)$", text, flags=re.M)
     assert user and user[-1] not in ("root", "0")
-    assert 'ENTRYPOINT ["smon", "server"]' in text
-    assert "[server]" in text  # the server extra: FastAPI, SQLAlchemy, psycopg, ...
 
 
 # -- Kubernetes -------------------------------------------------------------------------------------

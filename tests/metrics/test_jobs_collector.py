@@ -59,7 +59,7 @@ def test_jobs_are_read_at_scrape_time(db: Database) -> None:
 
     assert value("smon_job_slowdown_ratio", {"job": "slow"}) == 1.6
     assert value("smon_job_waste_ratio", {"job": "slow"}) == 1 - 1 / 1.6
-    assert value("smon_job_gpu_hours_wasted_total", {"job": "slow"}) == 2.5
+    assert value("smon_job_gpu_wasted_seconds_total", {"job": "slow"}) == 2.5 * 3600
     assert value("smon_job_step_seconds", {"job": "slow"}) == 0.8
     assert value("smon_job_stalled", {"job": "slow"}) == 0.0
     assert value("smon_job_stalled", {"job": "hung"}) == 1.0
@@ -78,7 +78,7 @@ def test_jobs_are_read_at_scrape_time(db: Database) -> None:
     assert value("smon_job_slowdown_ratio", {"job": "new"}) is None
     assert value("smon_job_stalled", {"job": "new"}) == 0.0
     assert value("smon_job_stalled", {"job": "ended-long-ago"}) is None
-    assert value("smon_job_gpu_hours_wasted_total", {"job": "ended-long-ago"}) is None
+    assert value("smon_job_gpu_wasted_seconds_total", {"job": "ended-long-ago"}) is None
 
 
 def test_numbers_follow_the_database_without_restart(db: Database) -> None:

@@ -15,12 +15,14 @@ from urllib.parse import quote
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from smon_server.demo import training_command
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from smon_server.settings import Settings
+from smon_server.views import evidence
 
 console = Console()
 
@@ -68,19 +70,21 @@ def main(
         summary = _get(server, f"/api/v1/jobs/{job}/summary")
         console.print(f"\nAnalysed {time.monotonic() - started:.0f} s after the job started.")
         render_summary(summary)
+        api = f"{server.http_url}/api/v1/jobs/{quote(job, safe='')}"
         console.print(
-            f"\nLook for yourself:\n"
-            f"  dashboard {dashboard}\n"
-            f"  summary   {server.http_url}/api/v1/jobs/{job}/summary\n"
-            f"  per step  {server.http_url}/api/v1/jobs/{job}/steps\n"
-            f"  history   {server.http_url}/api/v1/jobs/{job}/trend\n"
-            f"  heatmap   {server.http_url}/api/v1/jobs/{job}/heatmap?metric=forward\n"
+            f"\nThe same as JSON:\n"
+            f"  summary   {api}/summary\n"
+            f"  per step  {api}/steps\n"
+            f"  history   {api}/trend\n"
             f"  API docs  {server.http_url}/docs"
         )
+        # The last line is the job's page: where a newcomer goes next.
+        link = f"[bold]{escape(dashboard)}[/bold]"
         if keep_running:
-            console.print("\nThe server stays up; Ctrl-C stops it.")
+            console.print(f"\nThe server stays up until Ctrl-C. The job's dashboard:\n  {link}")
             while True:
                 time.sleep(3600)
+        console.print(f"\nThe job's dashboard (`smon server` serves it again):\n  {link}")
     except KeyboardInterrupt:
         console.print("\nstopping")
     finally:
@@ -151,6 +155,9 @@ def render_summary(summary: dict[str, Any]) -> None:
         first = summary["diagnoses"][0]
         console.print(
             f"Diagnosis: [bold]{first['cause']}[/bold] (share {100 * first['share']:.0f}%, "
-            f"confidence {first['confidence']:.2f})\n  evidence: {first['evidence']}\n"
-            f"  what to do: {first['recommendation']}"
+            f"confidence {first['confidence']:.2f})"
         )
+        for sentence in evidence.sentences(first["cause"], first["evidence"]):
+            console.print(f"  {escape(sentence)}")
+        advice = first["recommendation"]
+        console.print(f"  What to do: {escape(advice[:1].upper() + advice[1:])}")

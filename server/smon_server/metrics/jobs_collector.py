@@ -7,7 +7,7 @@ jobs stay for `metrics_finished_grace` seconds so a dashboard sees how they ende
 
 Cardinality is bounded: one series per job and metric, plus `metrics_top_k` workers per job. A job
 restarted under the same id (a new attempt) keeps its series: the gauges follow its newest
-attempt, and the counters (GPU-hours wasted, dropped records) add up every attempt, so they never
+attempt, and the counters (GPU time wasted, dropped records) add up every attempt, so they never
 go down.
 Per-worker series carry DCGM exporter's join labels (`Hostname`, `UUID`) beside DESIGN's `host`.
 
@@ -51,8 +51,11 @@ class JobsCollector(Collector):
         waste = GaugeMetricFamily(
             "smon_job_waste_ratio", "Fraction of GPU time lost to stragglers: 1 - 1/S", labels=["job"]
         )
-        hours = CounterMetricFamily(
-            "smon_job_gpu_hours_wasted", "GPU-hours lost to stragglers since the job started", labels=["job"]
+        # Base units (Prometheus' naming rule): GPU-seconds, though the API and dashboard say hours.
+        wasted_seconds = CounterMetricFamily(
+            "smon_job_gpu_wasted_seconds",
+            "GPU-seconds lost to stragglers since the job started",
+            labels=["job"],
         )
         step = GaugeMetricFamily(
             "smon_job_step_seconds", "Mean step time of the analysed window", labels=["job"]
@@ -87,10 +90,11 @@ class JobsCollector(Collector):
                 wasted = queries.gpu_hours_wasted(session=session, job_ids=job_ids)
                 firing = queries.firing_alerts(session=session)
         except DATABASE_UNAVAILABLE as exc:
-            log.warning("metrics scrape without job series: database unavailable: %s", exc)
+            self.db.availability.failed(exc, "metrics scrapes without job series")
             up.add_metric([], 0.0)
             yield up
             return
+        self.db.availability.succeeded()
         up.add_metric([], 1.0)
         yield up
         alerts = GaugeMetricFamily(
@@ -102,7 +106,7 @@ class JobsCollector(Collector):
             alerts.add_metric([rule, severity], float(count))
         for row in rows:
             job_id, result = row.job.job_id, row.result
-            hours.add_metric([job_id], wasted.get(job_id, 0.0))
+            wasted_seconds.add_metric([job_id], 3600.0 * wasted.get(job_id, 0.0))
             stalled.add_metric([job_id], 1.0 if row.live_state == "stalled" else 0.0)
             dropped.add_metric([job_id], float(drops.get(job_id, 0)))
             if result is None:
@@ -117,4 +121,4 @@ class JobsCollector(Collector):
             for w in (result.top_workers or [])[: self.settings.metrics_top_k]:
                 host, uuid = str(w.get("host", "")), str(w.get("gpu_uuid", ""))
                 workers.add_metric([job_id, str(w["rank"]), host, host, uuid], float(w["slowdown"]))
-        yield from (slowdown, waste, hours, step, stalled, flagged, workers, dropped, alerts)
+        yield from (slowdown, waste, wasted_seconds, step, stalled, flagged, workers, dropped, alerts)
