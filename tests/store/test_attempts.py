@@ -89,6 +89,22 @@ def test_a_job_resubmitted_after_every_agent_said_goodbye_is_a_new_attempt(db: D
     assert stored == {1: sorted([*range(5)] * WORLD), 2: sorted([*range(5)] * WORLD)}
 
 
+def test_a_short_run_whose_first_rank_finished_before_the_last_one_reported_is_one_attempt(
+    db: Database,
+) -> None:
+    """Rank 0 ran, flushed and said goodbye before rank 1's shipper sent anything: rank 1 is the
+    same run (its rank was missing), not a resubmission."""
+    send(db, "short", "a0", 0, now=T, steps=range(0, 5))
+    send(db, "short", "a0", 0, now=T + 1, seq=2, final=True)
+    send(db, "short", "a1", 1, now=T + 2, steps=range(0, 5))
+    assert attempts(db, "short") == {1: None}
+    assert attempt_of(db, "a1") == 1
+    # once every rank has reported and gone, the same job id again is a new run
+    send(db, "short", "a1", 1, now=T + 3, seq=2, final=True)
+    send(db, "short", "b0", 0, now=T + 4, steps=range(0, 5))
+    assert attempt_of(db, "b0") == 2
+
+
 def test_a_job_resubmitted_after_its_agents_went_silent_is_a_new_attempt(db: Database) -> None:
     start(db, "crashed")  # killed: no goodbye
     send(db, "crashed", "b0", 0, now=T + STALL + 1, steps=range(0, 3))

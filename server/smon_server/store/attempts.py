@@ -12,6 +12,9 @@ once, when the agent's first batch is stored (docs/server.md "Attempts"):
   a reconnect, flushed at exit) stays in the old attempt;
 - a new agent of a job whose current (newest) attempt has no live agent left (each said goodbye or
   has been silent longer than SMON_STALL_SECONDS) starts a new attempt: the job was resubmitted;
+  unless that attempt is still filling: fewer of its ranks have reported than its world size, this
+  agent's rank is not among them, and it was heard from within SMON_STALL_SECONDS (a short run
+  whose first rank finished before the last one's shipper sent anything);
 - otherwise it joins the current attempt (a rank restarted inside a running attempt), unless the
   attempt identities the agents report (Coordinates.attempt: a launcher's restart count) differ:
   a larger one than the current attempt's starts a new attempt (an elastic restart, whose old
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -122,7 +125,7 @@ def _decide(
             if b.job_id == job_id and not b.final and sending is not None:
                 state.live.add(sending)
         for b in sorted(new, key=lambda b: b.agent_id):
-            out[b.agent_id] = state.place(b.reported_attempt)
+            out[b.agent_id] = state.place(b.reported_attempt, b.coords.rank, b.coords.world_size)
     return out
 
 
@@ -142,23 +145,44 @@ class _JobAttempts:
 
     reported: dict[int, int | None]
     live: set[int]
+    # The current attempt: its world size, the ranks heard from, whether one was heard lately
+    # (said goodbye or not): what tells a run still filling from a finished one.
+    world_size: int = 0
+    ranks: set[int] = field(default_factory=set)
+    recent: bool = False
 
     @classmethod
     def load(cls, session: Session, job_id: str, live_since: float) -> _JobAttempts:
-        reported = session.execute(select(Job.attempt, Job.reported_attempt).where(Job.job_id == job_id))
+        reported = {
+            int(n): r
+            for n, r in session.execute(select(Job.attempt, Job.reported_attempt).where(Job.job_id == job_id))
+        }
         live = session.scalars(
             select(Agent.attempt)
             .where(Agent.job_id == job_id, Agent.final.is_(False), Agent.last_seen >= live_since)
             .distinct()
         )
-        return cls({int(n): r for n, r in reported}, {int(n) for n in live})
+        state = cls(reported, {int(n) for n in live})
+        if reported:
+            current = max(reported)
+            state.world_size = int(
+                session.scalar(select(Job.world_size).where(Job.job_id == job_id, Job.attempt == current)) or 0
+            )
+            heard = session.execute(
+                select(Agent.rank, Agent.last_seen).where(Agent.job_id == job_id, Agent.attempt == current)
+            ).all()
+            state.ranks = {int(r) for r, _ in heard}
+            state.recent = any(float(t) >= live_since for _, t in heard)
+        return state
 
-    def place(self, reported: int | None) -> int:
+    def place(self, reported: int | None, rank: int = -1, world_size: int = 0) -> int:
         """The attempt a new agent reporting `reported` goes to (rules in the module docstring)."""
         if not self.reported:
             return self._open(reported)
         current = max(self.reported)
         if current not in self.live:
+            if self._filling(current, reported, rank, world_size):
+                return self._join(current, reported)
             return self._open(reported)  # every agent of the current run is gone: resubmitted
         theirs = self.reported[current]
         if reported is None or theirs is None or reported == theirs:
@@ -167,6 +191,18 @@ class _JobAttempts:
             return self._open(reported)  # a restart whose old workers were killed moments ago
         older = [n for n, r in self.reported.items() if r == reported and n in self.live]
         return self._join(max(older), reported) if older else self._open(reported)
+
+    def _filling(self, current: int, reported: int | None, rank: int, world_size: int) -> bool:
+        """Whether the current attempt still waits for this rank: a short run's last ranks."""
+        theirs = self.reported[current]
+        return (
+            self.recent
+            and world_size == self.world_size
+            and 0 <= rank < world_size
+            and rank not in self.ranks
+            and len(self.ranks) < world_size
+            and (reported is None or theirs is None or reported == theirs)
+        )
 
     def _open(self, reported: int | None) -> int:
         attempt = max(self.reported, default=0) + 1
