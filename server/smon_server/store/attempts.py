@@ -165,9 +165,8 @@ class _JobAttempts:
         state = cls(reported, {int(n) for n in live})
         if reported:
             current = max(reported)
-            state.world_size = int(
-                session.scalar(select(Job.world_size).where(Job.job_id == job_id, Job.attempt == current)) or 0
-            )
+            size = session.scalar(select(Job.world_size).where(Job.job_id == job_id, Job.attempt == current))
+            state.world_size = int(size or 0)
             heard = session.execute(
                 select(Agent.rank, Agent.last_seen).where(Agent.job_id == job_id, Agent.attempt == current)
             ).all()
