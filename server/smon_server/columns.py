@@ -128,7 +128,9 @@ class StepColumns:
         if name == "gc":
             return np.where(self.gc_count > 0, self.gc_seconds, np.nan)
         if name == "other":
-            return np.maximum(0.0, self.duration - self.covered_seconds())
+            # Spans of kind `other` (phase names a job sent past its limit, store/kinds.py) are
+            # counted here too: they cover no named phase.
+            return np.maximum(0.0, self.duration - self.covered_seconds(excluding="other"))
         code = self.kinds.index(name) if name in self.kinds else -1
         mine = self.span_kind == code
         total = np.bincount(self.span_record[mine], weights=self.span_duration[mine], minlength=len(self))
@@ -145,11 +147,16 @@ class StepColumns:
         out["other"] = self.phase_seconds("other")
         return out
 
-    def covered_seconds(self) -> np.ndarray:
-        """Per record, the length of the union of its spans clipped to [0, duration]."""
-        record = self.span_record
-        lo = np.clip(self.span_start, 0.0, self.duration[record])
-        hi = np.clip(self.span_start + self.span_duration, 0.0, self.duration[record])
+    def covered_seconds(self, excluding: str | None = None) -> np.ndarray:
+        """Per record, the length of the union of its spans (but those of kind `excluding`)
+        clipped to [0, duration]."""
+        record, start, duration = self.span_record, self.span_start, self.span_duration
+        if excluding in self.kinds:
+            keep = self.span_kind != self.kinds.index(excluding)
+            if not keep.all():
+                record, start, duration = record[keep], start[keep], duration[keep]
+        lo = np.clip(start, 0.0, self.duration[record])
+        hi = np.clip(start + duration, 0.0, self.duration[record])
         # Stored spans are in start order within their record (the agent times them in order):
         # then the sort would be the identity, and it is most of this function's time.
         if not _sorted_within(lo, record):

@@ -47,4 +47,6 @@ class ServerContext:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServerContext:
-        return cls(settings=settings, db=Database(settings.database_url))
+        return cls(
+            settings=settings, db=Database(settings.database_url, max_phase_names=settings.max_phase_names)
+        )

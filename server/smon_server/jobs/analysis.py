@@ -303,7 +303,7 @@ def phase_heatmap(
     Steps the last analysis pass stored (store/phase_grids.py) are read from there; the default
     window is what it stored, as for the slowdown heatmap. Steps of an asked-for range outside
     it (older history, steps since the pass) come from the raw records, as they did before."""
-    code = phase_grids.metric_code(session, metric)
+    code = phase_grids.metric_code(session, job.key, metric)
     stored = phase_grids.stored_range(session, job.key)
     lo: int | None
     hi: int | None

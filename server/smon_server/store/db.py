@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +14,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from smon_server.store.attempts import AgentAttempts
-from smon_server.store.kinds import SpanKinds, Transaction
+from smon_server.store.kinds import DEFAULT_MAX_PHASE_NAMES, SpanKinds
 from smon_server.store.row_keys import RowKeys
 
 __all__ = ["DATABASE_UNAVAILABLE", "Database", "HeldConnection", "Transaction", "make_engine"]
+
+Transaction = Callable[[], AbstractContextManager[Session]]
 
 # The database cannot be reached or dropped the connection: what was asked may succeed later.
 DATABASE_UNAVAILABLE = (
@@ -82,11 +84,11 @@ class HeldConnection:
 class Database:
     """An engine and its session factory; one per server process."""
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, *, max_phase_names: int = DEFAULT_MAX_PHASE_NAMES) -> None:
         self.url = database_url
         self.engine = make_engine(database_url)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self.kinds = SpanKinds()
+        self.kinds = SpanKinds(max_phase_names)
         self.attempts = AgentAttempts()
         self.row_keys = RowKeys()
 

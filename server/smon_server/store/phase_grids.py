@@ -25,7 +25,8 @@ from sqlalchemy.orm import Session, aliased
 from smon_server.columns import StepColumns, dense_codes
 from smon_server.store import copy_binary
 from smon_server.store.grids import Grid
-from smon_server.store.models import Job, PhaseColumn, SpanKind
+from smon_server.store.kinds import kind_code
+from smon_server.store.models import Job, PhaseColumn
 
 # Metrics that are not span kinds (codes of span kinds are >= 0).
 STEP_TIME, GC, OTHER = -1, -2, -3
@@ -237,12 +238,12 @@ def drop_finished(session: Session, *, seen_before: float) -> int:
     return int(session.execute(delete(PhaseColumn).where(PhaseColumn.job_key.in_(old))).rowcount or 0)  # type: ignore[attr-defined]
 
 
-def metric_code(session: Session, name: str) -> int:
-    """The code `name` is stored under: step_time, gc, other, or a span kind (UNREPORTED if no
-    agent ever reported a phase of that name)."""
+def metric_code(session: Session, job_key: int, name: str) -> int:
+    """The code `name` is stored under for the job attempt: step_time, gc, other, or one of its
+    span kinds (UNREPORTED if none of its agents reported a phase of that name)."""
     if name in SPECIAL:
         return SPECIAL[name]
-    code = session.scalar(select(SpanKind.code).where(SpanKind.name == name))
+    code = kind_code(session, job_key, name)
     return UNREPORTED if code is None else int(code)
 
 

@@ -97,7 +97,9 @@ def read_window(
             Agent.job_id == job.job_id, Agent.attempt == job.attempt
         )
     ).all()
-    return _newest_runs(_decode(raw, kind_names(session), np.array(coords, dtype=np.int64).reshape(-1, 4)))
+    return _newest_runs(
+        _decode(raw, kind_names(session, job.key), np.array(coords, dtype=np.int64).reshape(-1, 4))
+    )
 
 
 def _read_pg(session: Session, job_key: int, lo: int, hi: int, rank_lo: int, rank_hi: int) -> _Raw:
