@@ -33,8 +33,10 @@ from sqlalchemy.engine import Engine
 
 from smon.table import to_table
 from smon.v1 import ingest_pb2 as pb
+from smon_server.store import codec
 from tests import factories as f
 from tests.databases import fresh_database
+from tests.ingest.wire_cases import MESSAGE_CASES, RECORD_CASES
 from tests.server_process import free_port, start_server
 
 pytestmark = pytest.mark.slow
@@ -180,7 +182,7 @@ def spans(draw: st.DrawFn, start: float) -> list[pb.Span]:
             kind=draw(st.sampled_from(KINDS) | names),
             start=start + draw(seconds),
             duration=draw(seconds),
-            chunk=draw(st.integers(0, 65_535)),
+            chunk=draw(st.integers(0, codec.MAX_CHUNK)),
         )
         if draw(st.booleans()):
             span.microbatch = draw(st.integers(-1, 32_767))
@@ -218,37 +220,13 @@ def record(draw: st.DrawFn, step: int) -> pb.StepRecord:
     return r
 
 
-# Each breaks one record for sure (validate.py's checks), in either wire form.
-RECORD_BREAKAGES: dict[str, Callable[[pb.StepRecord], None]] = {
-    "negative_step": lambda r: setattr(r, "step", -1 - r.step),
-    "nan_duration": lambda r: setattr(r, "duration", math.nan),
-    "inf_start": lambda r: setattr(r, "start_time", math.inf),
-    "zero_start": lambda r: setattr(r, "start_time", 0.0),
-    "end_before_start": lambda r: setattr(r, "end_time", r.start_time - 10),
-    "negative_duration": lambda r: setattr(r, "duration", -1.0),
-    "huge_duration": lambda r: setattr(r, "duration", 1e300),
-    "negative_gc": lambda r: setattr(r, "gc_seconds", -0.5),
-    "nul_kind": lambda r: setattr(r.spans[0], "kind", "for\x00ward"),
-    "empty_kind": lambda r: setattr(r.spans[0], "kind", ""),
-    "long_kind": lambda r: setattr(r.spans[0], "kind", "k" * 129),
-    "nan_span": lambda r: setattr(r.spans[0], "duration", math.nan),
-    "negative_span": lambda r: setattr(r.spans[0], "duration", -1.0),
-    "huge_span": lambda r: setattr(r.spans[0], "duration", 1e9),
-    "span_start_inf": lambda r: setattr(r.spans[0], "start", -math.inf),
-    "microbatch_past": lambda r: setattr(r.spans[0], "microbatch", 40_000),
-    "microbatch_below": lambda r: setattr(r.spans[0], "microbatch", -7),
-    "chunk_past": lambda r: setattr(r.spans[0], "chunk", 2**31 - 1),
-    "negative_chunk": lambda r: setattr(r.spans[0], "chunk", -1),
-    "nan_sum_sq": lambda r: r.seq.MergeFrom(pb.SequenceStats(count=1, sum_sq=math.nan)),
-    "mb_seq_past": lambda r: r.microbatch_seq.add(microbatch=70_000, seq=pb.SequenceStats(count=1)),
+# Each breaks one record for sure (validate.py's checks): the table both wire forms are tested
+# against (tests/ingest/wire_cases.py), and the message form's own.
+RECORD_BREAKAGES: dict[str, Callable[[pb.StepRecord], object]] = {
+    name: case.breaks for name, case in RECORD_CASES.items() if name != "too_many_spans"
 }
-# Message form only: a table carries no phase totals.
-MESSAGE_BREAKAGES: dict[str, Callable[[pb.StepRecord], None]] = {
-    "nan_phase": lambda r: r.phases.update({"forward": math.nan}),
-    "negative_phase": lambda r: r.phases.update({"forward": -1.0}),
-    "nul_phase": lambda r: r.phases.update({"a\x00b": 1.0}),
-    "long_phase": lambda r: r.phases.update({"p" * 200: 1.0}),
-    "huge_phase": lambda r: r.phases.update({"forward": 1e12}),
+MESSAGE_BREAKAGES: dict[str, Callable[[pb.StepRecord], object]] = {
+    name: case.breaks for name, case in MESSAGE_CASES.items()
 }
 
 

@@ -15,13 +15,18 @@ from tests import factories as f
 
 
 def _store(db: Database, job: str, seq: int, steps: list, **kwargs: object) -> object:
-    return write_batch(db, validate_batch(f.batch(job, 0, 1, seq=seq, steps=steps, **kwargs), Limits()), now=f.T0)
+    return write_batch(
+        db, validate_batch(f.batch(job, 0, 1, seq=seq, steps=steps, **kwargs), Limits()), now=f.T0
+    )
 
 
 def _names(db: Database, job: str) -> dict[str, int]:
     with db.session() as session:
         key = session.scalar(select(Job.key).where(Job.job_id == job))
-        return {n: c for n, c in session.execute(select(SpanKind.name, SpanKind.code).where(SpanKind.job_key == key))}
+        return {
+            n: c
+            for n, c in session.execute(select(SpanKind.name, SpanKind.code).where(SpanKind.job_key == key))
+        }
 
 
 def test_codes_are_per_job_stable_and_shared_between_processes(db: Database) -> None:

@@ -323,29 +323,30 @@ def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dic
         with db.engine.begin() as c:
             c.execute(
                 sa.text(
-                    "INSERT INTO span_kinds (code, name) VALUES (1, 'forward'), (2, 'backward'), (3, 'unused'),"
-                    " (4, 'eval')"
+                    "INSERT INTO span_kinds (code, name)"
+                    " VALUES (1, 'forward'), (2, 'backward'), (3, 'unused'), (4, 'eval')"
                 )
             )
             c.execute(
                 sa.text(
-                    "INSERT INTO jobs (job_id, attempt, key, world_size, dp_size, pp_size, tp_size, first_seen,"
-                    " last_seen, last_step, gpu_hours_wasted) VALUES ('old', 1, 7, 1, 1, 1, 1, 1.0, 2.0, 3, 0)"
+                    "INSERT INTO jobs (job_id, attempt, key, world_size, dp_size, pp_size, tp_size,"
+                    " first_seen, last_seen, last_step, gpu_hours_wasted)"
+                    " VALUES ('old', 1, 7, 1, 1, 1, 1, 1.0, 2.0, 3, 0)"
                 )
             )
             c.execute(
                 sa.text(
                     "INSERT INTO agents (agent_id, key, job_id, attempt, rank, local_rank, host, gpu_uuid,"
-                    " dp_rank, pp_rank, tp_rank, pid, agent_version, backend, clock_offset, first_seen, last_seen,"
-                    " dropped_records, errors, final, hb_phase) VALUES ('a0', 3, 'old', 1, 0, 0, 'h', '', 0, 0,"
-                    " 0, 1, '', '', 0.0, 1.0, 2.0, 0, 0, false, '')"
+                    " dp_rank, pp_rank, tp_rank, pid, agent_version, backend, clock_offset, first_seen,"
+                    " last_seen, dropped_records, errors, final, hb_phase) VALUES ('a0', 3, 'old', 1, 0, 0,"
+                    " 'h', '', 0, 0, 0, 1, '', '', 0.0, 1.0, 2.0, 0, 0, false, '')"
                 )
             )
             spans = codec.pack_spans([(1, 0.0, 0.1, -1, 0), (2, 0.1, 0.2, -1, 0)])
             c.execute(
                 sa.text(
-                    "INSERT INTO step_records (job_key, step, rank, start_time, duration, agent_key, gc_count,"
-                    " gc_seconds, spans) VALUES (7, 3, 0, :t, 0.3, 3, 0, 0.0, :s)"
+                    "INSERT INTO step_records (job_key, step, rank, start_time, duration, agent_key,"
+                    " gc_count, gc_seconds, spans) VALUES (7, 3, 0, :t, 0.3, 3, 0, 0.0, :s)"
                 ),
                 {"t": f.T0, "s": spans},
             )
