@@ -59,7 +59,9 @@ def upgrade() -> None:
             " ) u JOIN span_kinds k ON k.code = u.code"
         )
     else:
-        names = dict(bind.execute(sa.text("SELECT code, name FROM span_kinds")).all())
+        names: dict[int, str] = {
+            int(c): str(n) for c, n in bind.execute(sa.text("SELECT code, name FROM span_kinds"))
+        }
         used: set[tuple[int, int]] = set()
         for job_key, spans in bind.execute(sa.text("SELECT job_key, spans FROM step_records")):
             codes = np.frombuffer(bytes(spans or b""), dtype="<u2").reshape(-1, SPAN_BYTES // 2)[:, 0]
@@ -73,7 +75,7 @@ def upgrade() -> None:
         rows = [{"job_key": k, "code": c, "name": names[c]} for k, c in sorted(used) if c in names]
         if rows:
             table = sa.table("job_span_kinds", sa.column("job_key"), sa.column("code"), sa.column("name"))
-            op.bulk_insert(table, rows)  # type: ignore[arg-type]
+            op.bulk_insert(table, rows)
     op.drop_table("span_kinds")
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("folded_spans", sa.BigInteger(), nullable=False, server_default="0"))
@@ -117,7 +119,7 @@ def downgrade() -> None:
     )
     if glob:
         table = sa.table("span_kinds", sa.column("code"), sa.column("name"))
-        op.bulk_insert(table, [{"code": c, "name": n} for n, c in glob.items()])  # type: ignore[arg-type]
+        op.bulk_insert(table, [{"code": c, "name": n} for n, c in glob.items()])
     op.drop_table("job_span_kinds")
     with op.batch_alter_table("analysis_results") as batch:
         batch.drop_column("error_at")
@@ -158,7 +160,7 @@ def _recode_job(bind: sa.Connection, job_key: int, mapping: dict[int, int]) -> N
                 )
         if changes:
             bind.execute(update, changes)
-        after = tuple(batch[-1][:3])  # type: ignore[assignment]
+        after = tuple(batch[-1][:3])
     # Phase columns: read out, deleted, written back under their new codes (codes may swap, and
     # a key update would collide on the way).
     columns = sa.text(

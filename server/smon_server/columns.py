@@ -241,6 +241,20 @@ def dense_codes(values: np.ndarray, size: int = 0) -> tuple[np.ndarray, np.ndarr
     return np.flatnonzero(present), (np.cumsum(present) - 1)[values]
 
 
+def dense_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct values, ascending; each value's index among them) of any integers (step
+    numbers, ranks): a bincount over their span where it is within a few times their count (no
+    sort), else a sort. Memory follows how many values there are, never how large they are."""
+    if not values.size:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo + 1 > 4 * values.size + (1 << 16):
+        numbers, index = np.unique(values, return_inverse=True)
+        return numbers.astype(np.int64), index.ravel().astype(np.int64)
+    present = np.bincount(values - lo, minlength=hi - lo + 1) > 0
+    return (np.flatnonzero(present) + lo).astype(np.int64), (np.cumsum(present) - 1)[values - lo]
+
+
 def segmented_running_max(values: np.ndarray, segment: np.ndarray) -> np.ndarray:
     """Running maximum of `values` that restarts where `segment` changes (segments contiguous).
 

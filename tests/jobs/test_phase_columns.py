@@ -133,6 +133,7 @@ def test_stored_phase_grids_equal_the_records_pass_after_pass(
     # The checkpoint phase (step 25 only) slid out of the window: its rows went with it.
     with db.session() as session:
         key = queries.job_key(session=session, job_id=job_id)
+        assert key is not None
         codes = {
             c for (c,) in session.query(PhaseColumn.metric).filter(PhaseColumn.job_key == key).distinct()
         }

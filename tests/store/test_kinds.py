@@ -5,19 +5,18 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
+from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.store import kinds
 from smon_server.store.db import Database
 from smon_server.store.models import Job, SpanKind, StepRecord
 from smon_server.store.step_window import read_window
-from smon_server.store.writes import write_batch
+from smon_server.store.writes import WriteResult, write_batch
 from tests import factories as f
 
 
-def _store(db: Database, job: str, seq: int, steps: list, **kwargs: object) -> object:
-    return write_batch(
-        db, validate_batch(f.batch(job, 0, 1, seq=seq, steps=steps, **kwargs), Limits()), now=f.T0
-    )
+def _store(db: Database, job: str, seq: int, steps: list[pb.StepRecord]) -> WriteResult:
+    return write_batch(db, validate_batch(f.batch(job, 0, 1, seq=seq, steps=steps), Limits()), now=f.T0)
 
 
 def _names(db: Database, job: str) -> dict[str, int]:
@@ -63,8 +62,8 @@ def test_names_past_the_limit_are_folded_into_other_for_that_job_alone(sqlite_ur
         # Standard phases never count: the first three made-up names get codes, the rest are
         # stored as `other`; every record is kept.
         results = [_store(db, "noisy", i + 1, [step]) for i, step in enumerate(steps)]
-        assert [r.folded_spans for r in results] == [0, 0, 0, 1, 1, 1]  # type: ignore[attr-defined]
-        assert all(not r.stored.rejections for r in results)  # type: ignore[attr-defined]
+        assert [r.folded_spans for r in results] == [0, 0, 0, 1, 1, 1]
+        assert all(not r.stored.rejections for r in results)
         names = _names(db, "noisy")
         assert {"eval:0", "eval:1", "eval:2", "other"} <= set(names)
         assert not {"eval:3", "eval:4", "eval:5"} & set(names)
@@ -79,7 +78,7 @@ def test_names_past_the_limit_are_folded_into_other_for_that_job_alone(sqlite_ur
         # Another job's names are its own: all get codes.
         quiet = f.dp_job_steps(1, range(1))[0]
         quiet[0].spans.add(kind="compute", start=quiet[0].start_time, duration=0.001)
-        assert _store(db, "quiet", 1, quiet).folded_spans == 0  # type: ignore[attr-defined]
+        assert _store(db, "quiet", 1, quiet).folded_spans == 0
         assert "compute" in _names(db, "quiet")
         # A fresh process (empty cache) folds the same way: the dictionary is full in the database.
         again = Database(sqlite_url, max_phase_names=3)
@@ -87,7 +86,7 @@ def test_names_past_the_limit_are_folded_into_other_for_that_job_alone(sqlite_ur
             step = f.dp_job_steps(1, range(7))[0][6]
             step.spans.add(kind="eval:new", start=step.start_time, duration=0.002)
             step.spans.add(kind="eval:0", start=step.start_time + 0.002, duration=0.001)
-            assert _store(again, "noisy", 7, [step]).folded_spans == 1  # type: ignore[attr-defined]
+            assert _store(again, "noisy", 7, [step]).folded_spans == 1
         finally:
             again.dispose()
     finally:

@@ -377,7 +377,9 @@ def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dic
 
         migrate.downgrade(db, "0009")
         with db.engine.connect() as c:
-            glob = dict(c.execute(sa.text("SELECT code, name FROM span_kinds")).all())
+            glob: dict[int, str] = {
+                int(k): str(n) for k, n in c.execute(sa.text("SELECT code, name FROM span_kinds"))
+            }
             stored = {
                 key: [glob[int(k)] for k in codec.unpack_spans(bytes(blob))["kind"]]
                 for key, blob in c.execute(sa.text("SELECT job_key, spans FROM step_records")).all()

@@ -22,7 +22,7 @@ import numpy as np
 from sqlalchemy import delete, func, insert, literal, select
 from sqlalchemy.orm import Session, aliased
 
-from smon_server.columns import StepColumns, dense_codes
+from smon_server.columns import StepColumns, dense_codes, dense_index
 from smon_server.store import copy_binary
 from smon_server.store.grids import Grid
 from smon_server.store.kinds import kind_code
@@ -31,6 +31,8 @@ from smon_server.store.models import Job, PhaseColumn
 # Metrics that are not span kinds (codes of span kinds are >= 0).
 STEP_TIME, GC, OTHER = -1, -2, -3
 SPECIAL = {"step_time": STEP_TIME, "gc": GC, "other": OTHER}
+# Ranks up to this many past twice those with records are stored densely, gaps and all.
+SPARSE_RANKS = 1024
 # A phase no agent reported has no rows: its grid is the window's, every cell null (as the raw
 # path gives it; a dashboard may offer the standard phases before any agent reported them).
 UNREPORTED = -32768
@@ -44,6 +46,9 @@ class Columns:
     steps: np.ndarray  # [s] int64, ascending
     present: np.ndarray  # [s, n] bool: rank has a record of the step
     metrics: dict[int, np.ndarray]  # code -> [s, n] float32, NaN where no value
+    # The ranks were too sparse to store densely (a few ranks numbered far apart): nothing is
+    # stored for the pass, and the job's phase heatmaps come from its raw records.
+    sparse: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -54,9 +59,13 @@ def from_records(records: StepColumns, from_step: int | None) -> Columns:
     """Columns of `records` (at most one record per rank and step, as read_window gives them)."""
     if not len(records):
         return Columns(from_step, np.zeros(0, np.int64), np.zeros((0, 0), bool), {})
+    n = int(records.rank.max()) + 1
+    if n > 2 * dense_index(records.rank)[0].size + SPARSE_RANKS:
+        # Rows are as wide as the highest rank: two ranks numbered 0 and 10^6 would make every
+        # step's row a million cells. Memory follows the records, not the rank numbers.
+        return Columns(from_step, np.zeros(0, np.int64), np.zeros((0, 0), bool), {}, sparse=True)
     steps, col = np.unique(records.step, return_inverse=True)
     col = col.ravel()
-    n = int(records.rank.max()) + 1 if len(records) else 0
     row = records.rank
 
     def grid(values: np.ndarray) -> np.ndarray:
@@ -101,7 +110,7 @@ class Collector:
         self.parts.append(from_records(records, from_step))
 
     def update(self, keep_from: int | None) -> Update | None:
-        if not self.parts:
+        if not self.parts or any(p.sparse for p in self.parts):
             return None
         bounds = [p.from_step for p in self.parts]
         return Update(

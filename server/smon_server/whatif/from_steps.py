@@ -10,9 +10,10 @@ Each span an agent timed becomes one operation of the matching op type (DESIGN Â
   after it (optimizer, a GC pause, rank 0's evaluation) delays the *next* step's collective on
   every other rank, so it is replayed as the start of that next step. The collective ends at the
   same instant on every rank, so every rank's replayed step then starts together, as the replay
-  assumes. The first step of each run of consecutive steps only lends its tail to the next one
-  (its own start is not in the window), so callers pass one step before the window they want. A
-  job without collectives keeps the agent's boundaries (the optimizer step).
+  assumes. The first step of each run of consecutive steps (one stride apart: 1, or what a script
+  numbering steps by samples uses) only lends its tail to the next one (its own start is not in
+  the window), so callers pass one step before the window they want. A job without collectives
+  keeps the agent's boundaries (the optimizer step).
 - TP peers of one worker run in lockstep: only the lowest tp_rank of each (dp_rank, stage) worker
   is kept for the simulation (the per-rank heatmap still reads every rank's records).
 
@@ -109,9 +110,9 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
     has_cut = np.isfinite(cut)
     continues = np.zeros(n, dtype=bool)
     if n > 1:
-        continues[1:] = (
-            (cols.rank[1:] == cols.rank[:-1]) & (cols.step[1:] == cols.step[:-1] + 1) & has_cut[:-1]
-        )
+        same_rank = cols.rank[1:] == cols.rank[:-1]
+        gap = cols.step[1:] - cols.step[:-1]
+        continues[1:] = same_rank & (gap == _step_stride(gap[same_rank])) & has_cut[:-1]
     window_start = np.where(continues, np.r_[0.0, cut[:-1]] if n else cut, cols.start_time)
     window_end = np.where(has_cut, cut, cols.start_time + cols.duration)
     emitted = continues | ~has_cut
@@ -153,7 +154,7 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
 
     record = np.empty(total, dtype=np.int64)
     # In the table's own dtypes: no second pass to convert them (a chunk of 4,096 ranks is ~2 M rows).
-    out_op = np.empty(total, dtype=np.int16)
+    out_op = np.empty(total, dtype=np.int32)
     out_seq = np.empty(total, dtype=np.int32)
     out_start = np.empty(total)
     out_duration = np.empty(total)
@@ -190,7 +191,7 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
         dp_rank=cols.dp_rank[record].astype(np.int32, copy=False),
         stage=cols.pp_rank[record].astype(np.int32, copy=False),
         step=cols.step[record].astype(np.int64, copy=False),
-        op_type=renumber.astype(np.int16)[out_op],
+        op_type=renumber.astype(np.int32)[out_op],
         seq_id=out_seq,
         chunk=out_chunk,
         microbatch=out_mb,
@@ -201,6 +202,14 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
         ends_at_last_op=True,
     )
     return table, labels
+
+
+def _step_stride(gaps: np.ndarray) -> int:
+    """How far apart a rank's consecutive steps are numbered: 1, or the stride of a script that
+    numbers them otherwise (by samples: 32, 64, ...). A record continues its rank's previous one
+    when its step is one stride on; a bigger gap is a step that was lost, whose tail is gone."""
+    positive = gaps[gaps > 0]
+    return int(positive.min()) if positive.size else 1
 
 
 def _max_per_segment(values: np.ndarray, segment: np.ndarray, n: int, empty: float) -> np.ndarray:
