@@ -31,6 +31,8 @@ from smon_server.store.models import Job, PhaseColumn
 # Metrics that are not span kinds (codes of span kinds are >= 0).
 STEP_TIME, GC, OTHER = -1, -2, -3
 SPECIAL = {"step_time": STEP_TIME, "gc": GC, "other": OTHER}
+# The most ranks a row's `seconds` can hold: float32 each in a bytea of at most 1 GB.
+MAX_ROW_RANKS = (1 << 28) - 1
 # Ranks up to this many past twice those with records are stored densely, gaps and all.
 SPARSE_RANKS = 1024
 # A phase no agent reported has no rows: its grid is the window's, every cell null (as the raw
@@ -278,7 +280,11 @@ def read(
 ) -> Grid:
     """The stored grid of metric `code` over steps [from_step, to_step], of the ranks in
     [from_rank, to_rank] that have a record in it: only those ranks' bytes are read."""
-    first = max(from_rank or 0, 0)
+    # A row holds at most MAX_ROW_RANKS ranks (a bytea is at most 1 GB), and PostgreSQL's
+    # substr takes int4 offsets: a zoom past it (from_rank=2147483647, a valid rank) is
+    # clamped there, where it finds no rank, rather than overflowing 4 × rank.
+    first = min(max(from_rank or 0, 0), MAX_ROW_RANKS)
+    to_rank = None if to_rank is None else min(to_rank, MAX_ROW_RANKS)
     p, v = aliased(PhaseColumn), aliased(PhaseColumn)
     present: Any = p.present
     seconds: Any = v.seconds if code != STEP_TIME else p.seconds
