@@ -41,23 +41,30 @@ def needs_refresh(
     now: float,
     state_change_only: bool = False,
 ) -> bool:
-    """New steps arrived, or the job's state changed (a stall must be diagnosed while it lasts)."""
-    new_steps = job.last_step_seen is not None and job.last_step_seen > previous.computed_at
+    """New steps arrived, or the job's state changed (a stall must be diagnosed while it lasts).
+    A pass that failed counts as the latest: the job is tried again once new steps arrive."""
+    since = max(previous.computed_at, previous.error_at or previous.computed_at)
+    new_steps = job.last_step_seen is not None and job.last_step_seen > since
     if new_steps and not state_change_only:
         return True
-    # Two aggregates, not every agent row: this runs before each API read of a 4,096-rank job.
+    state = current_state(session=session, job=job, stall_seconds=settings.stall_seconds, now=now)
+    if state.value != previous.state:
+        return True
+    return state is JobState.STALLED and not state_change_only and not previous.error
+
+
+def current_state(*, session: Session, job: Job, stall_seconds: float, now: float) -> JobState:
+    """The job attempt's state now, from two aggregates (not every agent row: this runs before
+    each API read of a 4,096-rank job)."""
     all_final, heard = queries.liveness_facts(session=session, job=job)
-    state = job_state(
+    return job_state(
         job,
         all_final=all_final,
         last_heard=heard,
         now=now,
-        stall_seconds=settings.stall_seconds,
+        stall_seconds=stall_seconds,
         superseded=queries.is_superseded(session=session, job=job),
     )
-    if state.value != previous.state:
-        return True
-    return state is JobState.STALLED and not state_change_only
 
 
 def analyze_job(
