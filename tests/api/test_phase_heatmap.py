@@ -137,7 +137,11 @@ def test_bad_and_unknown_metrics(client: httpx.Client, job: str) -> None:
     # overflowed), alone and as a range, for stored and raw metrics.
     top = 2**31 - 1
     for metric in ("forward", "step_time", "other", "slowdown"):
-        for zoom in ({"from_rank": top}, {"from_rank": top, "to_rank": top}, {"from_rank": 1, "to_rank": top}):
+        for zoom in (
+            {"from_rank": top},
+            {"from_rank": top, "to_rank": top},
+            {"from_rank": 1, "to_rank": top},
+        ):
             r = client.get(url, params={"metric": metric, **zoom})
             assert r.status_code == 200, (metric, zoom, r.text)
             assert r.json()["ranks"] == ([] if zoom["from_rank"] == top else list(range(1, WORLD)))
