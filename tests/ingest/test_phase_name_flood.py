@@ -33,8 +33,9 @@ WORLD = 4
 
 
 @pytest.fixture
-def server(database_url: str) -> Iterator[BackgroundServer]:
-    with BackgroundServer(server_settings(database_url, analysis_interval=3600)) as running:
+def server(postgres_url: str) -> Iterator[BackgroundServer]:
+    """On PostgreSQL, as a shared server runs (tests/store/test_kinds.py has SQLite's limits)."""
+    with BackgroundServer(server_settings(postgres_url, analysis_interval=3600)) as running:
         yield running
 
 
@@ -85,6 +86,7 @@ def _folded(server: BackgroundServer) -> float:
     )
 
 
+@pytest.mark.postgres
 def test_a_flood_of_phase_names_costs_only_its_own_job(server: BackgroundServer) -> None:
     assert server.context is not None
     origin = time.time() - 600
