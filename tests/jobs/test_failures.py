@@ -110,3 +110,18 @@ def test_a_failing_job_is_marked_once_and_the_others_go_on(
     assert any("works again" in r.getMessage() for r in caplog.records)
     assert client.get("/api/v1/jobs/bad/summary").json()["analysis_state"] == "ok"
     client.close()
+
+
+def test_a_worker_that_died_is_tried_again_once() -> None:
+    """Killed once, a job's analysis is retried at the next pass (another process's memory may
+    have been to blame); killed again on it, it waits for new steps like any failure."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from smon_server.jobs import failures
+    from smon_server.jobs.workers import WORKER_DIED, WORKER_DIED_AGAIN
+
+    assert failures.describe(BrokenProcessPool("gone")) == WORKER_DIED
+    assert failures.describe(BrokenProcessPool("gone"), WORKER_DIED) == WORKER_DIED_AGAIN
+    assert failures.describe(BrokenProcessPool("gone"), WORKER_DIED_AGAIN) == WORKER_DIED_AGAIN
+    assert failures.describe(MemoryError()) == "MemoryError"
+    assert failures.describe(ValueError("a\nb" + "x" * 600)) == "ValueError: a"

@@ -21,6 +21,7 @@ from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness, job_state
 from smon_server.jobs.memory import release_freed_memory
 from smon_server.jobs.window_ops import WindowCache, cache_key, window_ops
+from smon_server.jobs.workers import WORKER_DIED
 from smon_server.settings import Settings
 from smon_server.store import grids, phase_grids, queries
 from smon_server.store.grids import Grid
@@ -43,6 +44,8 @@ def needs_refresh(
 ) -> bool:
     """New steps arrived, or the job's state changed (a stall must be diagnosed while it lasts).
     A pass that failed counts as the latest: the job is tried again once new steps arrive."""
+    if previous.error == WORKER_DIED and not state_change_only:
+        return True  # killed once: perhaps for another process's memory (jobs/workers.py)
     since = max(previous.computed_at, previous.error_at or previous.computed_at)
     new_steps = job.last_step_seen is not None and job.last_step_seen > since
     if new_steps and not state_change_only:

@@ -5,7 +5,8 @@ memory), the failure is that job's alone: the pass goes on to the next job, the 
 result says the analysis failed and why (`analysis_results.error`, `error_at`; the summary's
 `analysis_state` / `analysis_error`), its last good views stay served, and the API answers as
 usual instead of a 500. The job is tried again when new steps arrive (or its state changes), not
-every pass. The failure is logged once per job and reason (with its traceback); the same failure
+every pass (a worker that died is tried again at the next pass once). The failure is logged once
+per job and reason (with its traceback); the same failure
 again is not logged again, and an analysis that works again says so once.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 from smon_server.jobs.analysis import current_state
 from smon_server.jobs.live import empty_summary
+from smon_server.jobs.workers import WORKER_DIED, WORKER_DIED_AGAIN
 from smon_server.store import grids
 from smon_server.store.db import Database
 from smon_server.store.leases import try_lease
@@ -27,13 +29,12 @@ from smon_server.store.models import AnalysisResult, Job
 log = logging.getLogger(__name__)
 
 MAX_REASON = 512  # analysis_results.error
-WORKER_DIED = "the analysis worker process died while analysing this job (out of memory, or killed)"
 
 
-def describe(error: BaseException) -> str:
+def describe(error: BaseException, previous: str = "") -> str:
     """One line for people: what failed and its message."""
     if isinstance(error, BrokenProcessPool):
-        return WORKER_DIED
+        return WORKER_DIED_AGAIN if previous in (WORKER_DIED, WORKER_DIED_AGAIN) else WORKER_DIED
     lines = str(error).strip().splitlines()
     text = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
     return text[:MAX_REASON]
@@ -56,7 +57,6 @@ def record(
 ) -> bool:
     """Mark the job attempt's analysis failed (in a transaction of its own: the one that failed
     is undone); False when another replica holds the job or it is gone."""
-    reason = describe(error)
     with db.transaction() as session:
         if not try_lease(session, lease):
             return False
@@ -64,6 +64,7 @@ def record(
         if job is None:
             return False
         row = session.get(AnalysisResult, (job_id, attempt))
+        reason = describe(error, row.error if row is not None else "")
         again = row is not None and _same(row.error or "", reason)
         if row is None:
             row = AnalysisResult(job_id=job_id, attempt=attempt)
