@@ -40,7 +40,7 @@ def run_migrations_online() -> None:
             context.run_migrations()
         return
     url = config.get_main_option("sqlalchemy.url") or Settings().database_url
-    engine = make_engine(url)
+    engine = make_engine(url, answer_timeout=None)  # a migration may rewrite big tables
     try:
         with engine.connect() as conn:
             _configure(conn)

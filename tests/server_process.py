@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -30,12 +31,22 @@ def free_port() -> int:
 
 
 def start_server(
-    database_url: str, http: int, grpc: int, env: dict[str, str] | None = None
+    database_url: str,
+    http: int,
+    grpc: int,
+    env: dict[str, str] | None = None,
+    *,
+    log_path: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start `smon server` on fixed ports and wait until /readyz answers. Its output goes to a
-    file that a failure to start quotes (a busy port, a migration that failed)."""
+    file that a failure to start quotes (a busy port, a migration that failed); to `log_path`,
+    kept for the test to read, when given."""
     smon = Path(sys.executable).parent / "smon"
-    log = tempfile.NamedTemporaryFile(prefix="smon-server-", suffix=".log", delete=False)  # noqa: SIM115
+    log: IO[bytes]
+    if log_path is not None:
+        log = open(log_path, "wb")  # noqa: SIM115
+    else:
+        log = tempfile.NamedTemporaryFile(prefix="smon-server-", suffix=".log", delete=False)  # noqa: SIM115
     process = subprocess.Popen(
         [str(smon), "server", "--db", database_url, "--http-port", str(http), "--grpc-port", str(grpc)],
         env={**os.environ, **(env or {})},
@@ -51,7 +62,8 @@ def start_server(
             )
         try:
             if httpx.get(f"http://127.0.0.1:{http}/readyz", timeout=2).status_code == 200:
-                os.unlink(log.name)  # the server writes on to the unlinked file: nothing left behind
+                if log_path is None:
+                    os.unlink(log.name)  # the server writes on to the unlinked file
                 return process
         except httpx.HTTPError:
             pass

@@ -58,6 +58,7 @@ def attach(
     backoff_cap: float | None = None,
     tls: bool | None = None,
     tls_ca_file: str | None = None,
+    device_sampling: int | str | None = None,
 ) -> Monitor:
     """Start monitoring this rank; returns the `Monitor` handle.
 
@@ -79,6 +80,9 @@ def attach(
     enable: False (or SMON_DISABLE=1) returns a Monitor whose every method does nothing.
     timing: "auto" (CUDA events when the model lives on a GPU, else wall clock), "host", "cuda",
         or a Clock object.
+    device_sampling: with CUDA timing, which steps are device-timed and recorded: "auto" (about
+        ten a second, every step from ~100 ms up; docs/agent.md) or a period N (blocks of steps
+        one in N; 1 = every step). Default SMON_AGENT_DEVICE_SAMPLING, else auto.
     nvml: a pynvml-shaped module for the GPU sampler (tests: smon.testing.FakeNvml); default
         pynvml, or FakeNvml.from_spec($SMON_FAKE_NVML) when that variable is set.
     The remaining keywords tune intervals and sizes (see docs/agent.md); environment variables
@@ -131,7 +135,7 @@ def _attach(
         mesh=mesh,
     )
     models: list[Any] = _as_models(model)
-    clock, gpu_uuid = _choose_clock(timing, models)
+    clock, gpu_uuid = _choose_clock(timing, models, config.device_sampling)
     coords = build_coordinates(
         job=resolve_job(job, identity),
         identity=identity,
@@ -190,7 +194,7 @@ def _as_models(model: Any) -> list[Any]:
     return [model]  # a torch ModuleList is a module: hooked as one root
 
 
-def _choose_clock(timing: str | Clock, models: list[Any]) -> tuple[Clock, str]:
+def _choose_clock(timing: str | Clock, models: list[Any], device_sampling: int | None) -> tuple[Clock, str]:
     """The timing backend and, when known, the GPU's UUID (as NVML spells it)."""
     device = _cuda_device(models) if timing in ("auto", "cuda") else None
     gpu_uuid = _gpu_uuid(device) if device is not None else ""
@@ -198,8 +202,9 @@ def _choose_clock(timing: str | Clock, models: list[Any]) -> tuple[Clock, str]:
         return timing, gpu_uuid
     if device is not None:
         from smon.cuda_timing import CudaClock
+        from smon.sampling import DeviceSampling
 
-        return CudaClock.for_device(device), gpu_uuid
+        return CudaClock.for_device(device, DeviceSampling(device_sampling)), gpu_uuid
     if timing == "cuda":
         logger.warning("smon: timing='cuda' but no CUDA device is in use; using wall-clock timing")
     return HostClock(), gpu_uuid

@@ -56,6 +56,9 @@ class AgentConfig:
     gc_span_min_seconds: float = 0.001
     # CUDA events not complete after this long: fall back to host timestamps for that step.
     cuda_resolve_timeout: float = 60.0
+    # Device clocks time blocks of steps chosen one in `device_sampling` (a power of two; 1: every
+    # step), or None: chosen from the step time (sampling.py). SMON_AGENT_DEVICE_SAMPLING=auto|N.
+    device_sampling: int | None = None
 
 
 def env_flag(name: str) -> bool:
@@ -107,6 +110,7 @@ def resolve_config(
     tls: bool | None = None,
     tls_ca_file: str | None = None,
     compression: str | None = None,
+    device_sampling: int | str | None = None,
 ) -> AgentConfig:
     """Build the config from arguments > environment > defaults."""
     d = AgentConfig()
@@ -127,7 +131,28 @@ def resolve_config(
             1, int(_pick(max_batch_records, "SMON_AGENT_BATCH_RECORDS", d.max_batch_records, integer=True))
         ),
         compression=_compression(compression or os.environ.get("SMON_AGENT_COMPRESSION", "")),
+        device_sampling=_device_sampling(
+            os.environ.get("SMON_AGENT_DEVICE_SAMPLING", "") if device_sampling is None else device_sampling
+        ),
     )
+
+
+def _device_sampling(raw: int | str) -> int | None:
+    """A period (rounded up to a power of two) or None for `auto`."""
+    text = str(raw).strip().lower()
+    if text in ("", "auto"):
+        return None
+    try:
+        period = int(text)
+    except ValueError:
+        period = 0
+    if period < 1:
+        logger.warning("smon: ignoring device sampling %r (auto, or a period of at least 1)", raw)
+        return None
+    power = 1
+    while power < period:
+        power *= 2
+    return power
 
 
 def _compression(raw: str) -> str:

@@ -19,7 +19,7 @@ from smon.config import AgentConfig
 from smon.errors import ErrorCounter
 from smon.outlet import Outlet
 from smon.record_queue import RecordQueue
-from smon.records import to_step_record
+from smon.records import release_marks, to_step_record
 from smon.steps import RawStep
 from smon.v1 import ingest_pb2 as pb
 
@@ -123,9 +123,13 @@ class Feeder:
             self._pending = []
             items.extend(self._records.drain(max(0, cfg.max_batch_records - len(items))))
             envelope = pb.Batch()
+            waiting = False  # a device step is still in flight: so are the ones after it
             for item in items:
                 if isinstance(item, pb.GpuSample):
                     envelope.gpu_samples.append(item)
+                    continue
+                if waiting and not force:
+                    self._pending.append(item)
                     continue
                 try:
                     record = to_step_record(
@@ -139,8 +143,14 @@ class Feeder:
                     continue
                 if record is None:
                     self._pending.append(item)
+                    waiting = True
                 else:
                     envelope.steps.append(record)
+                    if item.read_on_device:
+                        try:
+                            release_marks(item)
+                        except Exception as exc:
+                            self._errors.report("release_marks", exc)
             try:
                 envelope.heartbeat.CopyFrom(self._heartbeat())
             except Exception as exc:

@@ -215,8 +215,8 @@ class ModelHooks:
                 kind = "forward"
             else:
                 microbatch, kind, start = None, "eval", tracker.open("eval")
-            if kwargs and microbatch is not None:
-                lengths = lengths_from_forward_kwargs(kwargs)
+            if kwargs and microbatch is not None and tracker.timed:
+                lengths = lengths_from_forward_kwargs(kwargs, tracker.device_event)
                 if lengths is not None:
                     tracker.add_seq(lengths, microbatch, explicit=False)
             return kind, start, microbatch

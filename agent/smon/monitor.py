@@ -294,7 +294,9 @@ class ActiveMonitor(Monitor):
         if self._closed:
             return
         try:
-            self.tracker.add_seq(capture_explicit(seq_lens), microbatch, explicit=True)
+            tracker = self.tracker
+            if tracker.timed:  # (a step the device clock does not time is not recorded)
+                tracker.add_seq(capture_explicit(seq_lens, tracker.device_event), microbatch, explicit=True)
         except Exception as exc:
             self.errors.report("record_batch", exc)
 
@@ -306,6 +308,9 @@ class ActiveMonitor(Monitor):
             + self.tracker.uncollected_drops()
             + (feeder.lost if feeder else 0)
             + int(shipping.get("dropped", 0)),
+            # Given up at exit after being sent on a stream that ended without a verdict: they
+            # may have been stored, so they are not counted as dropped (smon/shipper.py).
+            "unconfirmed_records": int(shipping.get("unconfirmed", 0)),
             "errors": self.errors.count + int(shipping.get("errors", 0)),
             "queued": len(self._records)
             + len(self.tracker.ended)

@@ -113,6 +113,7 @@ class LocalOutlet:
             "acked": s.acked_batches,
             "resent": s.resent_batches,
             "dropped": s.local_dropped(),
+            "unconfirmed": s.unconfirmed_records,
             "errors": self._errors.count,
             "queued": s.local_queued(),
             "connected": s.connected,
@@ -141,6 +142,10 @@ class ProcessOutlet:
         env = dict(os.environ)
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        # gRPC's C core prints a line of its own per failed attempt (`Handshake failed`, 56-59
+        # lines per rank in 7.5 s of a TLS mismatch) into the training job's stderr; the shipper
+        # says what matters once per episode. SMON_GRPC_VERBOSITY brings the core's lines back.
+        env["GRPC_VERBOSITY"] = os.environ.get("SMON_GRPC_VERBOSITY", "").strip() or "NONE"
         self._process = subprocess.Popen(
             [sys.executable, "-P", "-m", "smon.sidecar"],  # -P: the cwd cannot shadow modules
             stdin=subprocess.PIPE,

@@ -13,6 +13,7 @@ Field by field:
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from smon.cuda_timing import HostFallbackClock
 from smon.seqstats import SeqTotals, reduce_samples
@@ -22,13 +23,35 @@ from smon.v1 import ingest_pb2 as pb
 
 
 def is_ready(raw: RawStep) -> bool:
-    """Whether every mark of the step can be read without waiting (always true on the host clock)."""
+    """Whether every mark of the step can be read without waiting (always true on the host clock).
+
+    A device clock records all of a step's events on one stream, in order, so the step's end
+    having completed means every earlier one has: one `query()`."""
     clock = raw.clock
-    if not clock.device:
-        return True
-    if not (clock.ready(raw.end) and clock.ready(raw.start)):
-        return False
-    return all(clock.ready(s[1]) and clock.ready(s[2]) for s in raw.spans)
+    return not clock.device or clock.ready(raw.end)
+
+
+def release_marks(raw: RawStep) -> None:
+    """A read device step's events go back to its clock's pool: its start, its spans' marks and its
+    sequence copies, and its end unless the next recorded step starts there (that step returns it).
+    A mark two spans share (one's end, the next one's start) is returned once."""
+    clock = raw.clock
+    release = getattr(clock, "release", None)
+    if release is None:
+        return
+    marks: dict[int, Any] = {id(raw.start): raw.start}
+    for span in raw.spans:
+        marks[id(span[1])] = span[1]
+        marks[id(span[2])] = span[2]
+    for sample in raw.seq:
+        event = getattr(sample.lengths, "event", None)
+        if event is not None:
+            marks[id(event)] = event
+    if raw.end_is_next_start:
+        marks.pop(id(raw.end), None)
+    else:
+        marks[id(raw.end)] = raw.end
+    release(marks.values())
 
 
 def covered_seconds(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
@@ -66,6 +89,7 @@ def to_step_record(
     seq = reduce_samples(raw.seq, force=force or expired)
     if seq is None:
         return None
+    raw.read_on_device = clock.device
 
     duration = clock.elapsed(raw.start, raw.end)
     start_time = raw.wall_anchor + clock.host_time(raw.start)
@@ -75,23 +99,28 @@ def to_step_record(
 
     # Span offsets are measured from the step's start mark on the same clock as the durations,
     # so on CUDA they place spans where the device ran them.
-    rows: list[tuple[float, float, str, int | None, int]] = []
+    # (offset, seconds, kind, micro-batch, chunk, the host's seconds for device-timed spans)
+    rows: list[tuple[float, float, str, int | None, int, float | None]] = []
+    host_time = clock.host_time
     for kind, start, end, microbatch, chunk in raw.spans:
         offset = clock.elapsed(raw.start, start)
-        rows.append((offset, max(0.0, clock.elapsed(start, end)), kind, microbatch, chunk))
+        host = max(0.0, host_time(end) - host_time(start)) if clock.device else None
+        rows.append((offset, max(0.0, clock.elapsed(start, end)), kind, microbatch, chunk, host))
     gc_seconds = 0.0
     for gc_start, seconds in raw.gc_pauses:
         gc_seconds += seconds
         if seconds >= gc_span_min_seconds:
             # GC is a host pause: placed by host time relative to the step's host start.
-            rows.append((gc_start - clock.host_time(raw.start), seconds, "gc", None, 0))
+            rows.append((gc_start - host_time(raw.start), seconds, "gc", None, 0, None))
     rows.sort(key=lambda r: r[0])
 
     phases: dict[str, float] = {}
-    for offset, seconds, kind, microbatch, chunk in rows:
+    for offset, seconds, kind, microbatch, chunk, host in rows:
         span = record.spans.add(kind=kind, start=start_time + offset, duration=seconds, chunk=chunk)
         if microbatch is not None:
             span.microbatch = microbatch
+        if host is not None:
+            span.host_duration = host
         phases[kind] = phases.get(kind, 0.0) + seconds
     if raw.gc_pauses:
         phases["gc"] = gc_seconds  # every pause, including those too short to be spans

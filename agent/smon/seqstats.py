@@ -9,9 +9,11 @@ device synchronization.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+EventSource = Callable[[], Any] | None  # a device clock's pooled events (cuda_timing.CudaClock.lend_event)
 
 
 class PendingLens:
@@ -55,8 +57,9 @@ class SeqTotals:
         self.max_len = max(self.max_len, other.max_len)
 
 
-def capture_tensor(lengths: Any) -> Any:
-    """Keep a 1-D tensor of lengths without synchronizing with the device."""
+def capture_tensor(lengths: Any, events: EventSource = None) -> Any:
+    """Keep a 1-D tensor of lengths without synchronizing with the device. The copy's event comes
+    from `events` (a device clock's pool: returned with the step's marks) when given."""
     lengths = lengths.detach()
     if not lengths.is_cuda:
         return lengths
@@ -64,22 +67,23 @@ def capture_tensor(lengths: Any) -> Any:
 
     host = torch.empty(lengths.shape, dtype=lengths.dtype, device="cpu", pin_memory=True)
     host.copy_(lengths, non_blocking=True)
-    event = torch.cuda.Event()
+    event = events() if events is not None else torch.cuda.Event()
     event.record(torch.cuda.current_stream(lengths.device))
     return PendingLens(host, event)
 
 
-def capture_explicit(seq_lens: Any) -> Any:
+def capture_explicit(seq_lens: Any, events: EventSource = None) -> Any:
     """Lengths handed to `mon.record_batch`: a sequence of ints, a numpy array or a tensor."""
     if hasattr(seq_lens, "is_cuda") and hasattr(seq_lens, "detach"):
         flat = seq_lens.detach().reshape(-1)
-        return capture_tensor(flat if flat.is_cuda else flat.clone())  # the caller may reuse its buffer
+        # the caller may reuse its buffer
+        return capture_tensor(flat if flat.is_cuda else flat.clone(), events)
     if hasattr(seq_lens, "tolist"):
         return seq_lens.tolist()
     return list(seq_lens)  # copy: the caller may reuse its list
 
 
-def lengths_from_forward_kwargs(kwargs: dict[str, Any]) -> Any | None:
+def lengths_from_forward_kwargs(kwargs: dict[str, Any], events: EventSource = None) -> Any | None:
     """Lengths from packed `cu_seqlens` (offsets) or a 2-D padding `attention_mask`, if present."""
     import torch
 
@@ -87,11 +91,11 @@ def lengths_from_forward_kwargs(kwargs: dict[str, Any]) -> Any | None:
     if cu is None:
         cu = kwargs.get("cu_seqlens_q")
     if isinstance(cu, torch.Tensor) and cu.dim() == 1 and cu.numel() >= 2:
-        return capture_tensor(cu[1:] - cu[:-1])
+        return capture_tensor(cu[1:] - cu[:-1], events)
     mask = kwargs.get("attention_mask")
     # 0/1 padding masks only: a float mask may be additive (0 / -inf), whose sum means nothing.
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not mask.is_floating_point():
-        return capture_tensor(mask.sum(dim=-1))
+        return capture_tensor(mask.sum(dim=-1), events)
     return None
 
 

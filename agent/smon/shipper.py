@@ -20,6 +20,15 @@ Delivery rules (DESIGN §4, §8):
   last batch carries `final = true` (the server then knows this agent ended rather than died);
   close waits for that ack only while a connection is up, so an absent server costs no exit delay
   beyond the records it could not deliver.
+- What is lost at exit is counted truthfully. A record that never left (still queued, or only in
+  batches no server could have read) is `dropped`. One in a batch sent on a stream that ended
+  without a verdict (cancelled by close, a connection cut, a server killed) may have been stored:
+  it is `unconfirmed`, never `dropped`. A stream the server ends with an error carries, from this
+  version on, the promise that nothing it left unacked was stored (UNSTORED_METADATA): its
+  batches stay certain.
+- Connection trouble is one warning line per episode (from the first failure to the next Ack),
+  with the likely cause where gRPC's words hide it (smon/connection_faults.py): a TLS mismatch,
+  an untrusted certificate.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import grpc
 from smon import table
 from smon.clock_offset import estimate_offset
 from smon.config import AgentConfig
+from smon.connection_faults import hint
 from smon.errors import ErrorCounter, OnceLog
 from smon.record_queue import RecordQueue
 from smon.v1 import ingest_pb2 as pb
@@ -66,6 +76,17 @@ THROTTLED_FOR_SECONDS = 30.0
 # A stream that fails with one of these codes would fail again with the same batch: drop it.
 _POISON_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED})
 _AUTH_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+# Trailing metadata of a stream the server ended: no batch it left unacked was stored
+# (smon_server/ingest/service.py).
+UNSTORED_METADATA = ("smon-unacked-not-stored", "1")
+
+
+def _says_unstored(exc: grpc.RpcError) -> bool:
+    try:
+        trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    except Exception:
+        return False
+    return any(tuple(pair) == UNSTORED_METADATA for pair in trailing or ())
 
 
 def backoff_delay(failures: int, base: float, cap: float, rng: Callable[[], float] = random.random) -> float:
@@ -79,6 +100,8 @@ class _Session:
     def __init__(self) -> None:
         self.ended = threading.Event()
         self.acked = False
+        self.sent: list[int] = []  # seqs of the batches given to this stream
+        self.verdict = False  # the stream ended with every unacked batch known not stored
 
 
 class Shipper:
@@ -110,6 +133,11 @@ class Shipper:
         self._lock = threading.Lock()
         self._progress = threading.Condition()
         self._unacked: dict[int, tuple[pb.Batch, int]] = {}  # seq -> (batch, records); insertion order
+        self._in_doubt: set[int] = set()  # unacked seqs sent on a stream that ended without verdict
+        self._session_now: _Session | None = None
+        self._unconfirmed = 0  # records given up at exit that may have been stored
+        self._trouble_since: float | None = None  # monotonic start of the connection episode
+        self._trouble_codes: set[str] = set()  # the codes already logged in this episode
         self._cutting = False  # records are between the queue and _unacked (close must wait)
         self._connected = False  # a stream is open and has acked at least once
         self._final_seq = 0  # seq of the batch marked final, once cut
@@ -156,6 +184,11 @@ class Shipper:
     def local_dropped(self) -> int:
         return self._records.dropped + self._dropped_undeliverable
 
+    @property
+    def unconfirmed_records(self) -> int:
+        """Records given up at exit that were sent and may have been stored (never `dropped`)."""
+        return self._unconfirmed
+
     def local_queued(self) -> int:
         return len(self._records)
 
@@ -194,15 +227,25 @@ class Shipper:
         self._thread = None
         if not delivered:
             with self._lock:
-                kept = sum(n for _, n in self._unacked.values())
+                doubtful = set(self._in_doubt)
+                live = self._session_now
+                if live is not None and not live.ended.is_set():
+                    doubtful.update(live.sent)  # the stream close() cancelled: no verdict
+                unconfirmed = sum(n for seq, (_, n) in self._unacked.items() if seq in doubtful)
+                kept = sum(n for _, n in self._unacked.values()) - unconfirmed
                 self._unacked.clear()
+                self._in_doubt.clear()
                 self._dropped_undeliverable += kept
+                self._unconfirmed += unconfirmed
             lost = kept + self._records.discard_all()  # the queue counts its own drops
             logger.warning(
-                "smon: dropped %d records: not delivered to %s before exit (flush timeout %.1fs)",
+                "smon: dropped %d records: not delivered to %s before exit (flush timeout %.1fs)%s",
                 lost,
                 self._config.server,
                 timeout,
+                f"; {unconfirmed} more were sent but not confirmed (the server may have stored them)"
+                if unconfirmed
+                else "",
             )
         return delivered
 
@@ -239,6 +282,8 @@ class Shipper:
 
     def _session(self) -> bool:
         session = _Session()
+        with self._lock:
+            self._session_now = session
         channel = self._channel()
         try:
             stub = pb_grpc.IngestStub(channel)
@@ -253,15 +298,20 @@ class Shipper:
             if self._stop.is_set():
                 call.cancel()
             for ack in call:
-                if not session.acked and self._failures:
-                    logger.info("smon: connected to %s", self._config.server)
+                if not session.acked:
+                    self._end_trouble()
                 session.acked = True
                 self._connected = True
                 self._on_ack(ack)
+            session.verdict = True  # a stream that ends cleanly has acked all it read
         except grpc.RpcError as exc:
+            session.verdict = _says_unstored(exc)
             self._on_rpc_error(exc)
         finally:
-            session.ended.set()
+            with self._lock:
+                if not session.verdict:
+                    self._in_doubt.update(seq for seq in session.sent if seq in self._unacked)
+                session.ended.set()
             self._connected = False
             self._kick.set()  # let a generator blocked in wait() see the end
             with self._progress:
@@ -295,21 +345,40 @@ class Shipper:
         self._clock_offset = estimate.offset
         self._clock_checked_at = time.monotonic()
 
+    def _trouble(self, code: object) -> bool:
+        """Whether this failure is the first of its code in the current episode (then log it)."""
+        if self._trouble_since is None:
+            self._trouble_since = time.monotonic()
+        key = str(code)
+        if key in self._trouble_codes:
+            return False
+        self._trouble_codes.add(key)
+        return True
+
+    def _end_trouble(self) -> None:
+        if self._trouble_since is not None:
+            logger.info(
+                "smon: connected to %s again after %.1fs",
+                self._config.server,
+                time.monotonic() - self._trouble_since,
+            )
+        self._trouble_since = None
+        self._trouble_codes.clear()
+
     def _on_rpc_error(self, exc: grpc.RpcError) -> None:
         code = exc.code() if hasattr(exc, "code") else None
         if self._stop.is_set() or code == grpc.StatusCode.CANCELLED:
             return
         details = exc.details() if hasattr(exc, "details") else str(exc)
         if code in _AUTH_CODES:
-            self._once(
-                f"rpc:{code}",
-                logging.WARNING,
-                "smon: server %s refused this agent (%s: %s); check SMON_TOKEN. Retrying in the "
-                "background; training is unaffected",
-                self._config.server,
-                code,
-                details,
-            )
+            if self._trouble(code):
+                logger.warning(
+                    "smon: server %s refused this agent (%s: %s); check SMON_TOKEN. Retrying in "
+                    "the background; training is unaffected",
+                    self._config.server,
+                    code,
+                    details,
+                )
         elif code in _POISON_CODES:
             dropped = self._drop_oldest_unacked()
             self._once(
@@ -321,15 +390,18 @@ class Shipper:
                 details,
                 dropped,
             )
-        elif not self._once(
-            f"rpc:{code}",
-            logging.WARNING,
-            "smon: cannot reach SMon server at %s (%s: %s); retrying in the background, "
-            "training is unaffected",
-            self._config.server,
-            code,
-            details,
-        ):
+        elif self._trouble(code):
+            cfg = self._config
+            cause = hint(details or "", server=cfg.server, tls=cfg.tls, ca_file=cfg.tls_ca_file)
+            logger.warning(
+                "smon: cannot reach SMon server at %s (%s: %s)%s; retrying in the background, "
+                "training is unaffected",
+                cfg.server,
+                code,
+                details,
+                f": {cause}" if cause else "",
+            )
+        else:
             logger.debug("smon: stream to %s ended: %s %s", self._config.server, code, details)
 
     def _drop_oldest_unacked(self) -> int:
@@ -338,6 +410,7 @@ class Shipper:
                 return 0
             seq = next(iter(self._unacked))
             _, n = self._unacked.pop(seq)
+            self._in_doubt.discard(seq)
             self._dropped_undeliverable += n
             return n
 
@@ -346,6 +419,7 @@ class Shipper:
             if ack.step_tables:
                 self._step_tables = True  # this server reads StepTables: send records so
             entry = self._unacked.pop(ack.seq, None)
+            self._in_doubt.discard(ack.seq)
             if entry is not None:
                 self.acked_batches += 1
             if ack.throttle_seconds > 0:
@@ -384,6 +458,7 @@ class Shipper:
                 if seq not in self._unacked:
                     continue  # acked meanwhile
                 self.resent_batches += 1
+                session.sent.append(seq)
             yield kept
 
         cfg = self._config
@@ -430,6 +505,8 @@ class Shipper:
                 self._errors.report("batching", exc)
             if batch is not None:
                 self.sent_batches += 1
+                with self._lock:
+                    session.sent.append(batch.seq)
                 yield batch
                 continue
             self._kick.wait(max(0.001, wait))

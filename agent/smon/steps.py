@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from smon.cuda_timing import CudaClock
 from smon.seqstats import SeqSample, lengths_from_forward_kwargs
 from smon.timing import Clock, Mark
 from smon.v1 import ingest_pb2 as pb
@@ -34,9 +35,9 @@ MAX_SEQ_SAMPLES_PER_STEP = 4000
 _MAX_PENDING_PAUSES = 4096  # GC pauses not yet placed in a step (a loop that stopped ending steps)
 _ANCHOR_SLACK = 1e-3  # re-anchor wall time only when the system clock moved by more than this
 
-# What the training thread hands over at each step end:
-# (sequence number, step, start mark, end mark, spans, sequence samples)
-EndedStep = tuple[int, int, Mark, Mark, list[RawSpan], Sequence[SeqSample]]
+# What the training thread hands over at each step end: (sequence number, step, start mark, end
+# mark, spans, sequence samples, whether the end mark is also the next recorded step's start)
+EndedStep = tuple[int, int, Mark, Mark, list[RawSpan], Sequence[SeqSample], bool]
 _NO_SEQ: tuple[SeqSample, ...] = ()  # an ended step's samples when it has none
 ErrorReport = Callable[[str, BaseException], None]  # ErrorCounter.report: count, log once, never raise
 # (torch.autograd.backward, args, kwargs) -> the call run once and returned (backward_calls.py)
@@ -56,6 +57,8 @@ class RawStep:
     gc_pauses: list[tuple[float, float]]  # (perf_counter at GC start, seconds)
     seq: Sequence[SeqSample] = field(default_factory=list)
     ended_at: float = 0.0  # perf_counter at step end (for the CUDA read-back timeout)
+    end_is_next_start: bool = False  # the next recorded step starts at this step's end mark
+    read_on_device: bool = False  # set once its marks have been read as device events
 
 
 class ForwardOwner(Protocol):
@@ -102,6 +105,16 @@ class StepTracker:
         self.clock = clock
         self._mark = clock.mark
         self.active = True
+        # A device clock times the steps its sampling picks (sampling.py) and the others are not
+        # recorded; `timed` says whether the step in progress is one of them (always, on the host).
+        self._device_clock: CudaClock | None = clock if isinstance(clock, CudaClock) else None
+        self.timed = True
+        self.skipped = 0  # steps not recorded because the device clock did not time them
+        self._last_end_host = 0.0  # host time of the last step end (the sampling's step time)
+        if self._device_clock is not None:
+            self.timed = self._device_clock.sampling.timed(start_step)
+            if self.timed:
+                self._device_clock.begin_timed()
         self._gc_drain = gc_drain
         self._on_overflow = on_overflow  # told once per step that hits a cap
         self.step = start_step  # number of the step in progress
@@ -199,8 +212,16 @@ class StepTracker:
         raised in place of the caller's own exception."""
         try:
             self.discard(start)
+            self.unmark(start)
         except Exception as exc:
             report(kind, exc)
+
+    def unmark(self, mark: Mark) -> None:
+        """A mark no span will hold (the call it began raised, the loader's epoch ended): a device
+        clock takes its event back at once (re-recording a pending event is allowed)."""
+        device = self._device_clock
+        if device is not None:
+            device.release((mark,))
 
     # -- micro-batches ----------------------------------------------------------------------
     # A training forward is one phase and one micro-batch: the tracker keeps both, and the hooks
@@ -238,6 +259,7 @@ class StepTracker:
         """The forward opened at `start` raised: no span."""
         self._forward_open = None
         self.discard(start)
+        self.unmark(start)
 
     def next_backward(self, chunk: int) -> int | None:
         """A backward of model chunk `chunk` starts: the micro-batch it is the backward of (this
@@ -327,8 +349,8 @@ class StepTracker:
                     tracker._start = start
                 opened = tracker._open
                 opened.append((kind, start))
-                if kwargs and microbatch is not None:
-                    lengths = lengths_from_forward_kwargs(kwargs)
+                if kwargs and microbatch is not None and tracker.timed:
+                    lengths = lengths_from_forward_kwargs(kwargs, tracker.device_event)
                     if lengths is not None:
                         tracker.add_seq(lengths, microbatch, explicit=False)
             except Exception as exc:
@@ -473,8 +495,28 @@ class StepTracker:
             if not self.active:
                 return
         try:
+            device = self._device_clock
+            if device is not None:  # is the next step device-timed? Its start is this end.
+                step = self.step if number is None else number
+                timed_next = device.sampling.timed(step + 1)
+                if timed_next and not device.on:
+                    device.begin_timed()
             if end is None:
                 end = self._mark()
+            if device is not None:
+                if not timed_next:
+                    device.on = False
+                host_end = device.host_time(end)
+                if self._last_end_host:
+                    device.sampling.observe(host_end - self._last_end_host)
+                self._last_end_host = host_end
+                if not self.timed:  # nothing of this step is recorded
+                    self._skip_step(number, end)
+                    self.timed = timed_next
+                    return
+                self.timed = timed_next
+            else:
+                timed_next = True
             spans = self._spans
             closing = self._step_phase
             if closing is not None:
@@ -508,13 +550,44 @@ class StepTracker:
             count = self._ended_count + 1
             self._ended_count = count
             ended = self.ended
-            ended.append((count, step, self._attach_mark if start is None else start, end, spans, seq))
+            start = self._attach_mark if start is None else start
+            ended.append((count, step, start, end, spans, seq, timed_next))
             if len(ended) == self._backlog:
                 self._on_backlog()  # a full batch is waiting: wake the feeder
         except Exception as exc:
             if not hook_args:
                 raise
             self._report("optimizer_post_hook", exc)
+
+    def _skip_step(self, number: int | None, end: Mark) -> None:
+        """End a step the device clock did not time at `end`: nothing of it is kept."""
+        step = self.step if number is None else number
+        closing = self._step_phase
+        if closing is not None:
+            self._step_phase = None
+            opened = self._open
+            if opened and opened[-1] is closing:
+                opened.pop()
+            else:
+                self.discard(closing[1])
+        self._spans = []
+        if self._seq:
+            self._seq = []
+        if self._forwards:
+            self._forwards = {}
+        if self._backwards:
+            self._backwards = {}
+        self._overflowed = False
+        self.last_step = step
+        self.step = step + 1
+        self._start = end
+        self.skipped += 1
+
+    @property
+    def device_event(self) -> Callable[[], Any] | None:
+        """Where device-side captures (sequence lengths) get their event: the clock's pool."""
+        device = self._device_clock
+        return device.lend_event if device is not None else None
 
     # -- feeder side ------------------------------------------------------------------------
     def collect(self) -> list[RawStep]:
@@ -543,14 +616,20 @@ class StepTracker:
         clock = self.clock
         host_time = clock.host_time
         raws: list[RawStep] = []
-        for _, step, start, end, spans, seq in items:
+        sampled = self._device_clock is not None  # steps between recorded ones are missing
+        for _, step, start, end, spans, seq, end_is_next_start in items:
             ended_at = host_time(end)
             mine: list[tuple[float, float]] = []
             if pauses:
                 mine = [p for p in pauses if p[0] <= ended_at]
                 if mine:
                     pauses = [p for p in pauses if p[0] > ended_at]
-            raws.append(RawStep(step, clock, self._anchor, start, end, spans, mine, seq, ended_at))
+                    if sampled:  # a pause in a step that was not recorded is not this one's
+                        began = host_time(start)
+                        mine = [p for p in mine if p[0] >= began]
+            raws.append(
+                RawStep(step, clock, self._anchor, start, end, spans, mine, seq, ended_at, end_is_next_start)
+            )
         self._pauses = pauses[-_MAX_PENDING_PAUSES:]
         return raws
 

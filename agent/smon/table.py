@@ -18,6 +18,7 @@ _SWAP = sys.byteorder != "little"
 # Phases the server derives from a record itself, never lays out as spans: `other` (the step no
 # span covers) and `gc` (pauses inside other phases).
 _DERIVED = frozenset({"other", "gc"})
+_NAN = float("nan")
 
 
 def _bytes(typecode: str, values: Sequence[float] | Sequence[int]) -> bytes:
@@ -41,7 +42,8 @@ def to_table(records: Sequence[pb.StepRecord]) -> pb.StepTable:
     span_duration: list[float] = []
     span_microbatch: list[int] = []
     span_chunk: list[int] = []
-    per_microbatch = chunked = False
+    span_host: list[float] = []
+    per_microbatch = chunked = host_timed = False
     for record in records:
         for span in record.spans:
             span_kind.append(kinds.setdefault(span.kind, len(kinds)))
@@ -54,6 +56,11 @@ def to_table(records: Sequence[pb.StepRecord]) -> pb.StepTable:
                 span_microbatch.append(-1)
             chunked = chunked or span.chunk != 0
             span_chunk.append(span.chunk)
+            if span.HasField("host_duration"):
+                host_timed = True
+                span_host.append(span.host_duration)
+            else:
+                span_host.append(_NAN)
     table = pb.StepTable(
         records=len(records),
         step=_bytes("q", [r.step for r in records]),
@@ -72,6 +79,8 @@ def to_table(records: Sequence[pb.StepRecord]) -> pb.StepTable:
         table.span_microbatch = _bytes("i", span_microbatch)
     if chunked:
         table.span_chunk = _bytes("i", span_chunk)
+    if host_timed:
+        table.span_host_duration = _bytes("d", span_host)
     with_seq = [r.seq if r.HasField("seq") else None for r in records]
     if any(q is not None for q in with_seq):
         table.seq_count = _bytes("I", [q.count if q is not None else 0 for q in with_seq])

@@ -296,10 +296,13 @@ class FakeCudaEvent:
 
     def query(self) -> bool:
         self._cuda.queries += 1
+        return self.done()
+
+    def done(self) -> bool:
         return self.seq >= 0 and self.seq < self._cuda.completed
 
     def elapsed_time(self, end: FakeCudaEvent) -> float:
-        if not (self.query() and end.query()):
+        if not (self.done() and end.done()):  # (not counted as queries: torch's does not query)
             raise RuntimeError("fake CUDA: elapsed_time on an event that has not completed")
         assert self.device_ms is not None and end.device_ms is not None
         return end.device_ms - self.device_ms
@@ -320,13 +323,17 @@ class FakeCuda:
         self.completed = 0  # events with seq < completed have completed
         self.recorded = 0
         self.queries = 0
+        self.created = 0  # Event() constructions
+        self.stream_lookups = 0  # current_stream() calls
         self._lock = threading.Lock()
         self.stream = SimpleNamespace(name="fake-stream")
 
     def Event(self, enable_timing: bool = False) -> FakeCudaEvent:  # named like torch.cuda.Event
+        self.created += 1
         return FakeCudaEvent(self, enable_timing)
 
     def current_stream(self, device: Any = None) -> Any:
+        self.stream_lookups += 1
         return self.stream
 
     def synchronize(self, device: Any = None) -> None:

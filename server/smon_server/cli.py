@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,14 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(**overrides)  # type: ignore[arg-type]
 
 
+def _quiet_grpc_core() -> None:
+    """gRPC's C core logs each failed TLS handshake (a plain-text client retrying against a TLS
+    server: a line every 50 ms) at INFO. Before grpc is imported; GRPC_VERBOSITY set wins."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
 def cmd_server(args: argparse.Namespace) -> int:
+    _quiet_grpc_core()
     from smon_server.runtime import serve
 
     settings = _settings(args)
@@ -57,6 +65,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    _quiet_grpc_core()
     from smon_server.demo import runner as demo
 
     return demo.main(

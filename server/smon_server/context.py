@@ -47,6 +47,4 @@ class ServerContext:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServerContext:
-        return cls(
-            settings=settings, db=Database(settings.database_url, max_phase_names=settings.max_phase_names)
-        )
+        return cls(settings=settings, db=Database.from_settings(settings))

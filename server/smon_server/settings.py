@@ -22,6 +22,15 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SMON_", env_ignore_empty=True, extra="ignore")
 
     database_url: str = Field(default_factory=default_database_url)
+    # How long to wait for the database before what needed it fails as "database unavailable"
+    # (503 with Retry-After, ingest UNAVAILABLE, an analysis pass skipped) instead of waiting for
+    # as long as a hung database hangs: a new connection (PostgreSQL: whole seconds, at least 2),
+    # and each answer to a statement (SQLite: a lock another writer holds). /readyz and /metrics
+    # answer probes and scrapes on their callers' deadlines (1 s, 10 s by default), so their
+    # statements get `database_probe_timeout` at most. store/db.py.
+    database_connect_timeout: Annotated[float, Field(gt=0)] = 5.0
+    database_statement_timeout: Annotated[float, Field(gt=0)] = 30.0
+    database_probe_timeout: Annotated[float, Field(gt=0)] = 2.0
     http_host: str = "0.0.0.0"
     http_port: int = 8080
     grpc_host: str = "0.0.0.0"

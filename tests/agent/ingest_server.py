@@ -51,6 +51,9 @@ class RecordingIngest(BatchLog, pb_grpc.IngestServicer):
         self.metadata: list[dict[str, str]] = []
         self.drop_streams_on_records = 0  # abort the stream (no ack) on the next N record batches
         self.abort_code = grpc.StatusCode.UNAVAILABLE  # ... with this status
+        self.verdict_on_drop = False  # ... saying, as SMon's server does, that nothing unacked was stored
+        self.hold_clock_after_drop = False  # then Clock answers no more: the next stream never opens
+        self._clock_held = threading.Event()
         self.ack = True
         self.rejection: pb.Rejection | None = None
         self.clock_calls = 0
@@ -77,6 +80,10 @@ class RecordingIngest(BatchLog, pb_grpc.IngestServicer):
                     self.drop_streams_on_records -= 1
                     drop = True
             if drop:
+                if self.verdict_on_drop:
+                    context.set_trailing_metadata((("smon-unacked-not-stored", "1"),))
+                if self.hold_clock_after_drop:
+                    self._clock_held.set()
                 context.abort(self.abort_code, "test: stream dropped before ack")
             if not self.ack:
                 continue
@@ -95,6 +102,9 @@ class RecordingIngest(BatchLog, pb_grpc.IngestServicer):
             yield ack
 
     def Clock(self, request: pb.ClockRequest, context: Any) -> pb.ClockReply:
+        if self._clock_held.is_set():
+            time.sleep(0.5)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "test: clock held")
         with self._lock:
             self.clock_calls += 1
         return pb.ClockReply(agent_time=request.agent_time, server_time=time.time() + self.clock_offset)

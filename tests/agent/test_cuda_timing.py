@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from array import array
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +13,9 @@ from torch import nn
 from smon.cuda_timing import CudaClock
 from smon.records import to_step_record
 from smon.steps import StepTracker
+from smon.table import to_table
 from smon.testing import FakeCuda
+from smon.timing import HostClock
 from tests.agent.conftest import op_spans
 
 
@@ -69,8 +73,39 @@ def test_model_hooks_on_the_cuda_path(ingest, attach_fast):
     mon.close()
     for step in ingest.servicer.steps():
         assert [s.kind for s in op_spans(step)] == ["forward", "backward", "optimizer"]
-        # the forward span is the device's 7 ms, not the CPU's 20 ms
-        assert op_spans(step)[0].duration == pytest.approx(0.007)
+        # the forward span is the device's 7 ms, not the CPU's 20 ms; the host's is beside it
+        forward = op_spans(step)[0]
+        assert forward.duration == pytest.approx(0.007)
+        assert forward.host_duration >= 0.02
+        assert all(s.HasField("host_duration") for s in op_spans(step))
+
+
+def test_host_durations_travel_in_step_tables() -> None:
+    cuda = FakeCuda()
+    tracker = StepTracker(CudaClock(cuda))
+    start = tracker.open("forward")
+    time.sleep(0.01)
+    cuda.advance(2.0)
+    tracker.close("forward", start)
+    tracker.end_step()
+    cuda.complete_all()
+    (raw,) = tracker.collect()
+    record = to_step_record(raw)
+    assert record is not None
+    table = to_table([record])
+    (host,) = array("d", table.span_host_duration)
+    assert host == pytest.approx(record.spans[0].host_duration) and host >= 0.01
+    assert record.spans[0].duration == pytest.approx(0.002)
+    host_only = to_step_record(_host_step())
+    assert host_only is not None and not to_table([host_only]).span_host_duration
+
+
+def _host_step() -> Any:
+    tracker = StepTracker(HostClock())
+    tracker.close("forward", tracker.open("forward"))
+    tracker.end_step()
+    (raw,) = tracker.collect()
+    return raw
 
 
 def test_events_that_never_complete_fall_back_to_host_time(ingest, attach_fast):

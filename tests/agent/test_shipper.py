@@ -167,6 +167,41 @@ def test_server_absent_for_the_whole_run(attach_fast, capfd):
     assert shipper_log(capfd).count("cannot reach") == 1  # said once, not per retry
 
 
+def test_records_a_server_may_have_stored_are_unconfirmed_at_exit_not_dropped(ingest, attach_fast, capfd):
+    """A server that takes batches in and never answers (a database that hangs behind it) may
+    store them after the agent gave up: they are not counted as dropped."""
+    ingest.servicer.ack = False
+    mon = attach_fast(server=ingest.address)
+    for _ in range(20):
+        mon.step()
+    assert ingest.servicer.wait_for(lambda s: s.step_numbers() == list(range(20)))
+    mon.close(timeout=0.5)
+    counters = mon.counters()
+    assert (counters["dropped_records"], counters["unconfirmed_records"]) == (0, 20)
+    log = shipper_log(capfd)
+    assert "dropped 0 records" in log and "20 more were sent but not confirmed" in log
+
+
+def test_records_a_server_said_it_did_not_store_are_dropped_at_exit(ingest, attach_fast):
+    """SMon's server ends a failed stream saying that nothing it left unacked was stored: those
+    records are counted as dropped, for certain, when the agent exits before a resend lands."""
+    servicer = ingest.servicer
+    servicer.drop_streams_on_records = 1
+    servicer.verdict_on_drop = True
+    servicer.hold_clock_after_drop = True  # the next stream never opens: no resend in doubt
+    mon = attach_fast(server=ingest.address)
+    for _ in range(20):
+        mon.step()
+    assert servicer.wait_for(lambda s: s.drop_streams_on_records == 0)
+    time.sleep(0.3)  # every step is cut into a batch that waits for the next stream
+    mon.close(timeout=0.5)
+    deadline = time.monotonic() + 5  # the shipper's last status may come just after close
+    while mon.counters()["dropped_records"] < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    counters = mon.counters()
+    assert (counters["dropped_records"], counters["unconfirmed_records"]) == (20, 0)
+
+
 def test_close_flushes_what_it_holds(ingest, attach_fast):
     # Intervals far longer than the test: only close() can make these steps go out.
     mon = attach_fast(server=ingest.address, flush_interval=30, heartbeat_interval=30)

@@ -4,11 +4,15 @@ bad batch fails alone, and the writer pushes back when it falls behind."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import psycopg
 import pytest
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import func, select
 
 from smon.v1 import ingest_pb2 as pb
@@ -323,3 +327,116 @@ def test_a_stale_remembered_key_of_a_job_with_new_names_is_put_right(
     [result] = write_batches(db, [valid(0, 2, range(5, 10))], now=f.T0)
     assert not result.duplicate and stored_steps(db) == 10
     assert db.row_keys.lookup([valid(0, 3, range(10, 12))]) == known
+
+
+def test_a_batch_withdrawn_before_a_writer_takes_it_is_never_stored(db: Database, gate: Gate) -> None:
+    committer = GroupCommitter(db)
+    committer.start()
+
+    async def scenario() -> WriteResult:
+        first = asyncio.create_task(committer.write(valid(0, 1, range(0, 5))))
+        await wait_entered(gate)  # the writer holds the first batch
+        late = asyncio.create_task(committer.write(valid(1, 1, range(0, 5))))
+        await asyncio.sleep(0.05)
+        late.cancel()  # its stream ended while it waited in the queue
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        gate.release.set()
+        return await first
+
+    asyncio.run(scenario())
+    committer.stop()
+    assert gate.calls == [[f"{valid(0, 1, range(0, 5)).agent_id}/1"]]  # the late one never written
+    assert stored_steps(db) == 5
+    assert committer.pending_records == 0
+
+
+def test_a_batch_a_writer_holds_reports_its_outcome_to_a_caller_that_stops_waiting(
+    db: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Asked once to stop, the caller still learns whether its batch was stored (a stream acks
+    it before it ends); asked twice, it gives up, and the outcome is read all the same: no
+    'Future exception was never retrieved' from asyncio."""
+    entered, release = threading.Event(), threading.Event()
+
+    def held(db: Database, batches: Sequence[ValidBatch], now: float, **kwargs: Any) -> list[WriteResult]:
+        entered.set()
+        release.wait(10)
+        if any(b.agent_id == "poison" for b in batches):
+            raise sa_exc.OperationalError("COPY", {}, psycopg.OperationalError("the database went away"))
+        return write_batches(db, batches, now, **kwargs)
+
+    monkeypatch.setattr(commits, "write_batches", held)
+    committer = GroupCommitter(db)
+    committer.start()
+
+    async def in_writer(task: asyncio.Task[WriteResult]) -> None:
+        while not entered.is_set():
+            await asyncio.sleep(0.01)
+        entered.clear()
+
+    async def scenario() -> WriteResult:
+        kept = asyncio.create_task(committer.write(valid(0, 1, range(0, 5))))
+        await in_writer(kept)
+        kept.cancel()
+        await asyncio.sleep(0.05)
+        release.set()
+        result = await kept  # not cancelled: the writer had it
+        release.clear()
+        poisoned = asyncio.create_task(committer.write(valid(1, 1, range(0, 5), agent="poison")))
+        await in_writer(poisoned)
+        poisoned.cancel()
+        await asyncio.sleep(0.01)
+        poisoned.cancel()  # gives up: the writer's failure will have nobody waiting for it
+        with pytest.raises(asyncio.CancelledError):
+            await poisoned
+        release.set()
+        await asyncio.sleep(0.3)  # the failure is settled on this loop
+        return result
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        result = asyncio.run(scenario())
+        committer.stop()  # the writer lets go of its last group
+        gc.collect()
+    assert not result.duplicate and stored_steps(db) == 5
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+def test_a_database_away_fails_the_group_at_once_with_one_line_for_the_outage(
+    db: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    away = threading.Event()
+    away.set()
+    calls: list[int] = []
+
+    def flaky(db: Database, batches: Sequence[ValidBatch], now: float, **kwargs: Any) -> list[WriteResult]:
+        calls.append(len(batches))
+        if away.is_set():
+            cause = psycopg.OperationalError("server closed the connection")
+            raise sa_exc.OperationalError("COPY", {}, cause)
+        return write_batches(db, batches, now, **kwargs)
+
+    monkeypatch.setattr(commits, "write_batches", flaky)
+    committer = GroupCommitter(db)
+    committer.start()
+
+    async def scenario() -> list[WriteResult | BaseException]:
+        tasks = [asyncio.create_task(committer.write(valid(r, 1, range(0, 5)))) for r in range(4)]
+        failed = await asyncio.gather(*tasks, return_exceptions=True)
+        away.clear()
+        stored = await committer.write(valid(0, 2, range(5, 10)))
+        return [*failed, stored]
+
+    with caplog.at_level(logging.INFO):
+        outcomes = asyncio.run(scenario())
+    committer.stop()
+    assert all(isinstance(o, sa_exc.OperationalError) for o in outcomes[:4])
+    assert isinstance(outcomes[4], WriteResult)
+    assert sum(calls[:-1]) == 4  # each batch tried once: no retry one by one while it is away
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage().split(":")[0].split(" after")[0] for r in lines] == [
+        "database unavailable",
+        "database available again",
+    ]
+    assert "server closed the connection" in lines[0].getMessage()
+    assert not any(r.exc_info for r in caplog.records)

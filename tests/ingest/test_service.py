@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -349,3 +351,39 @@ def test_a_table_declaring_billions_of_records_gets_one_counted_refusal(
     assert [(r.kind, r.reason) for r in ack.rejections] == [("step_table", "bad_table")]
     assert _metric(server, "smon_ingest_rejected_total", reason="bad_table") == 1
     assert _count(server, StepRecord) == 1
+
+
+def test_a_locked_sqlite_database_refuses_a_batch_within_the_statement_timeout(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite cannot hang like a server, but another process's write lock can hold a writer:
+    the statement timeout is its busy timeout, and the batch is refused (UNAVAILABLE, resent
+    later) instead of waiting; the outage is one line as it begins and one as it ends."""
+    settings = server_settings(sqlite_url, database_statement_timeout=1.0, analysis_interval=3600)
+    steps = f.dp_job_steps(1, range(3))[0]
+    with BackgroundServer(settings) as server, grpc.insecure_channel(server.grpc_target) as channel:
+        stub = pb_grpc.IngestStub(channel)
+        blocker = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        started = time.monotonic()
+        with caplog.at_level(logging.INFO), pytest.raises(grpc.RpcError) as refused:
+            stub.Push(f.batch("locked", 0, 1, steps=steps), timeout=60)
+        took = time.monotonic() - started
+        with caplog.at_level(logging.INFO), pytest.raises(grpc.RpcError) as ended:
+            list(stub.Stream(iter([f.batch("locked", 0, 1, steps=steps)]), timeout=60))
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        with caplog.at_level(logging.INFO):
+            ack = stub.Push(f.batch("locked", 0, 1, steps=steps), timeout=60)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and took < 15, took
+    # A stream ended so says that nothing it left unacked was stored (the agent counts on it).
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert ("smon-unacked-not-stored", "1") in tuple(ended.value.trailing_metadata() or ())
+    assert (ack.accepted, ack.duplicate) == (3, False)
+    said = [r.getMessage() for r in caplog.records if r.name == "smon_server.store.availability"]
+    assert [m.split(":")[0].split(" after")[0] for m in said] == [
+        "database unavailable",
+        "database available again",
+    ], said
+    assert "database is locked" in said[0] and "2 ingest batches refused" in said[1]
+    assert not [r for r in caplog.records if r.exc_info]

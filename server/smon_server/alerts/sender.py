@@ -14,7 +14,7 @@ import httpx
 from sqlalchemy import select
 
 from smon_server.alerts.notifiers import Notifier
-from smon_server.store.db import Database
+from smon_server.store.db import DATABASE_UNAVAILABLE, Database
 from smon_server.store.models import Notification
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,8 @@ async def sender_loop(
         while not stop.is_set():
             try:
                 await asyncio.to_thread(send_due, db, by_name, client, time.time())
+            except DATABASE_UNAVAILABLE as exc:  # logged once per outage (store/availability.py)
+                db.availability.failed(exc)
             except Exception:
                 log.exception("sending notifications failed; retrying")
             with contextlib.suppress(TimeoutError):

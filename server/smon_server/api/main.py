@@ -77,8 +77,10 @@ class RejectNul:
 
 
 async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    """503 with Retry-After, not 500: the request is fine, the database is away for now."""
-    log.warning("%s %s: database unavailable: %s", request.method, request.url.path, exc)
+    """503 with Retry-After, not 500: the request is fine, the database is away for now. The
+    outage is logged once, with a count of the requests it turned away (store/availability.py)."""
+    context: ServerContext = request.app.state.context
+    context.db.availability.failed(exc, "API requests answered 503")
     return JSONResponse(
         status_code=503, content={"detail": "database unavailable; retry later"}, headers={"Retry-After": "5"}
     )

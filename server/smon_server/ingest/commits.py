@@ -22,13 +22,22 @@ the others beside it are stored. A batch the database refuses for its content (a
 or too large for its column, a byte it cannot store: sqlalchemy's DataError / IntegrityError)
 would be refused again on every resend, and the agent would resend it forever ahead of all its
 newer records; it fails with StorageRefused, which the service answers with a permanent rejection
-(`storage_refused`) so the agent drops it and goes on. Any other failure (the database is down)
-is transient: UNAVAILABLE, and the agent resends.
+(`storage_refused`) so the agent drops it and goes on. A database that is away (down,
+unreachable, or not answering within SMON_DATABASE_STATEMENT_TIMEOUT) fails the whole group at
+once, without a retry per batch, and is reported to the process's outage log
+(store/availability.py): one line when it goes, one when it is back. The service answers
+UNAVAILABLE, and the agent resends.
+
+A batch whose caller stops waiting (its stream ended) is withdrawn if no writer has taken it
+yet, so it is never stored behind an agent's back; one already in a transaction has its outcome
+decided there, and the caller, asked once to stop, still learns it (ingest/service.py acks what
+was stored before it ends a stream).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -40,7 +49,7 @@ import psycopg
 from sqlalchemy import exc as sa_exc
 
 from smon_server.store.attempts import DEFAULT_STALL_SECONDS
-from smon_server.store.db import Database, HeldConnection
+from smon_server.store.db import DATABASE_UNAVAILABLE, Database, HeldConnection
 from smon_server.store.rows import ValidBatch
 from smon_server.store.writes import WriteResult, write_batches
 
@@ -62,11 +71,21 @@ class StorageRefused(Exception):
     """The database refused this batch's content; resending it would fail the same way."""
 
 
+class OutcomeUnknown(Exception):
+    """The database went away while committing this batch's transaction: it may be stored.
+    (A resend is safe: a stored batch is found by its seq and acked as a duplicate.)"""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 @dataclass
 class _Item:
     batch: ValidBatch
     future: asyncio.Future[WriteResult]
     loop: asyncio.AbstractEventLoop
+    state: str = "queued"  # -> "taken" by a writer, or "withdrawn" by its caller
 
     @property
     def records(self) -> int:
@@ -91,7 +110,8 @@ class GroupCommitter:
         self.clock = clock
         self._items: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._pending = 0  # records taken in and not yet settled (event loop only)
-        self._space: asyncio.Condition | None = None
+        self._room: asyncio.Event | None = None  # set whenever pending records go down
+        self._claims = threading.Lock()  # an item is taken by a writer or withdrawn, never both
         self._rate = 0.0  # records/s of recent groups (EWMA), for the throttle hint
         self.groups = 0  # groups committed (a test reads it)
         # SQLite takes one writer at a time whatever the threads do.
@@ -140,21 +160,36 @@ class GroupCommitter:
         if not self._threads:
             raise RuntimeError("GroupCommitter.start() was not called")
         loop = asyncio.get_running_loop()
-        space = self._space = self._space or asyncio.Condition()
+        room = self._room = self._room or asyncio.Event()
         item = _Item(batch, loop.create_future(), loop)
-        async with space:
-            # A batch larger than the whole limit still goes in, alone, once nothing else waits.
-            await space.wait_for(
-                lambda: self._pending == 0 or self._pending + item.records <= self.max_pending_records
-            )
-            self._pending += item.records
+        # Whoever stops waiting for it, its outcome is read: no "exception was never retrieved".
+        item.future.add_done_callback(_retrieve)
+        # A batch larger than the whole limit still goes in, alone, once nothing else waits.
+        while not (self._pending == 0 or self._pending + item.records <= self.max_pending_records):
+            room.clear()
+            await room.wait()
+        self._pending += item.records
         try:
             self._items.put(item)
+            try:
+                return await asyncio.shield(item.future)
+            except asyncio.CancelledError:
+                if self._claim(item, "withdrawn"):
+                    raise  # no writer had it: it will never be stored
+            # A writer has it in a transaction: wait for the outcome (bounded by the database's
+            # own timeouts) so the caller can ack it if it was stored. A second cancel gives up.
             return await asyncio.shield(item.future)
         finally:
-            async with space:
-                self._pending -= item.records
-                space.notify_all()
+            self._pending -= item.records
+            room.set()
+
+    def _claim(self, item: _Item, state: str) -> bool:
+        """Move a queued item to `state` ("taken" or "withdrawn"); False if it left the queue."""
+        with self._claims:
+            if item.state != "queued":
+                return False
+            item.state = state
+            return True
 
     # -- the writer thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -163,18 +198,22 @@ class GroupCommitter:
             if first is None:
                 self._connection.close()
                 return
-            group, records, stop = [first], first.records, False
-            while records < self.max_group_records:
+            group: list[_Item] = []
+            records, stop = 0, False
+            item: _Item | None = first
+            while item is not None:
+                if self._claim(item, "taken"):  # a withdrawn one is skipped
+                    group.append(item)
+                    records += item.records
+                if records >= self.max_group_records:
+                    break
                 try:
                     item = self._items.get_nowait()
                 except queue.Empty:
                     break
-                if item is None:
-                    stop = True
-                    break
-                group.append(item)
-                records += item.records
-            self._commit(group, records)
+                stop = item is None
+            if group:
+                self._commit(group, records)
             if stop:
                 self._connection.close()
                 return
@@ -191,12 +230,18 @@ class GroupCommitter:
                     transaction=self._connection.transaction,
                 )
             )
+        except DATABASE_UNAVAILABLE as exc:
+            # The database is away: each batch alone would only wait for it again.
+            self.db.availability.failed(exc)
+            results = [self._unavailable(exc)] * len(group)
         except Exception as exc:
             if len(group) == 1:
-                results = [_failure(group[0], exc)]
+                results = [self._failure(group[0], exc)]
             else:
                 log.warning("a group of %d batches failed (%s); writing them one by one", len(group), exc)
                 results = [self._alone(i) for i in group]
+        else:
+            self.db.availability.succeeded()
         seconds = time.perf_counter() - started
         with self._groups_lock:
             self.groups += 1
@@ -204,7 +249,9 @@ class GroupCommitter:
             rate = records / seconds
             self._rate = rate if not self._rate else 0.8 * self._rate + 0.2 * rate
         for item, result in zip(group, results, strict=True):
-            item.loop.call_soon_threadsafe(_settle, item.future, result)
+            # RuntimeError: its event loop is closed (the server stopped), nobody waits.
+            with contextlib.suppress(RuntimeError):
+                item.loop.call_soon_threadsafe(_settle, item.future, result)
 
     def _alone(self, item: _Item) -> WriteResult | BaseException:
         try:
@@ -217,19 +264,35 @@ class GroupCommitter:
                 transaction=self._connection.transaction,
             )[0]
         except Exception as exc:
-            return _failure(item, exc)
+            return self._failure(item, exc)
+
+    def _failure(self, item: _Item, exc: Exception) -> BaseException:
+        """What one batch's failure is: refused for its content (for good), the database away
+        (counted by the outage log), or unexpected (a traceback: a bug to look at)."""
+        batch = item.batch
+        if isinstance(exc, _CONTENT_ERRORS):
+            detail = str(getattr(exc, "orig", None) or exc).splitlines()[0][:300]
+            log.warning(
+                "the database refused batch %s/%d of job %s: %s",
+                batch.agent_id,
+                batch.seq,
+                batch.job_id,
+                detail,
+            )
+            return StorageRefused(detail)
+        if isinstance(exc, DATABASE_UNAVAILABLE):
+            self.db.availability.failed(exc)
+            return self._unavailable(exc)
+        log.error("storing batch %s/%d failed", batch.agent_id, batch.seq, exc_info=exc)
+        return exc
+
+    def _unavailable(self, exc: Exception) -> BaseException:
+        return OutcomeUnknown(exc) if self._connection.commit_unknown else exc
 
 
-def _failure(item: _Item, exc: Exception) -> BaseException:
-    batch = item.batch
-    if isinstance(exc, _CONTENT_ERRORS):
-        detail = str(getattr(exc, "orig", None) or exc).splitlines()[0][:300]
-        log.warning(
-            "the database refused batch %s/%d of job %s: %s", batch.agent_id, batch.seq, batch.job_id, detail
-        )
-        return StorageRefused(detail)
-    log.error("storing batch %s/%d failed", batch.agent_id, batch.seq, exc_info=exc)
-    return exc
+def _retrieve(future: asyncio.Future[WriteResult]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _settle(future: asyncio.Future[WriteResult], result: WriteResult | BaseException) -> None:

@@ -5,6 +5,11 @@ INVALID_ARGUMENT instead of grpc's generic deserialisation failure. Valid batche
 group committer (commits.py), many streams' batches per transaction; each Ack carries its
 `throttle_seconds` hint. A database failure is answered with UNAVAILABLE and no ack: the agent keeps
 the batch and resends it after reconnecting.
+
+Before it ends a stream with an error, the service settles what it read ahead: batches no writer
+has taken are withdrawn, those a writer holds are waited for, and those that were stored are acked.
+The error then carries `UNSTORED_METADATA`: every batch of the stream left unacked was not stored,
+so an agent that exits now can count it as dropped for certain (smon/shipper.py).
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from smon.v1 import ingest_pb2 as pb
-from smon_server.ingest.commits import GroupCommitter, StorageRefused
+from smon_server.ingest.commits import GroupCommitter, OutcomeUnknown, StorageRefused
 from smon_server.ingest.limits import ActiveJobs, AgentRates
 from smon_server.ingest.validate import BatchRejected, Limits, validate_batch
 from smon_server.metrics.ingest_stats import IngestStats
+from smon_server.store.db import DATABASE_UNAVAILABLE
 from smon_server.store.rows import ValidBatch
 
 log = logging.getLogger(__name__)
@@ -39,15 +45,19 @@ TOO_MANY_JOBS = "too_many_jobs"  # a new job while SMON_INGEST_MAX_JOBS others a
 # unacked batches in flight; handling a stream's batches one at a time would make every agent
 # wait a whole commit per batch and cap a group at one batch per agent.
 STREAM_READ_AHEAD = 8
+# Trailing metadata of a stream ended by the server: no batch it left unacked was stored.
+UNSTORED_METADATA = (("smon-unacked-not-stored", "1"),)
 
 
 class _Refused(Exception):
-    """The request cannot be answered with an Ack: end the call with this status."""
+    """The request cannot be answered with an Ack: end the call with this status. `certain`:
+    the batch was not stored (False: the database went away during its commit)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, *, certain: bool = True) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
+        self.certain = certain
 
 
 class IngestService:
@@ -99,32 +109,45 @@ class IngestService:
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Ack]:
         """Batches are read ahead of their Acks (up to STREAM_READ_AHEAD), so several of an
-        agent's batches can wait for, and share, the same commit; Acks go out in order."""
+        agent's batches can wait for, and share, the same commit; Acks go out in order (but for
+        those settled as a failure ends the stream: an Ack names its seq)."""
         await self._authenticate(context)
-        handled: asyncio.Queue[asyncio.Task[pb.Ack] | None] = asyncio.Queue(STREAM_READ_AHEAD)
+        handled: asyncio.Queue[asyncio.Task[pb.Ack] | None] = asyncio.Queue()
+        # A task is made only once there is room: a reader stopped while it waits leaves no batch
+        # being stored with nobody to ack it.
+        room = asyncio.Semaphore(STREAM_READ_AHEAD)
 
         async def read() -> None:
             try:
                 async for request in requests:
-                    await handled.put(asyncio.ensure_future(self._handle(request)))
+                    await room.acquire()
+                    handled.put_nowait(asyncio.ensure_future(self._handle(request)))
             finally:
-                await handled.put(None)
+                handled.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:
             while (task := await handled.get()) is not None:
+                room.release()
                 try:
-                    yield await task
+                    ack = await task
                 except _Refused as refused:
-                    await context.abort(refused.code, refused.details)
+                    settled, certain = await _settle_read_ahead(reader, handled)
+                    for settled_ack in settled:
+                        yield settled_ack
+                    promise = UNSTORED_METADATA if certain and refused.certain else ()
+                    await context.abort(refused.code, refused.details, trailing_metadata=promise)
+                yield ack
             await reader  # a failure to read the requests ends the call with it
         finally:
             reader.cancel()
-            while not handled.empty():
-                if (task := handled.get_nowait()) is not None:
-                    task.cancel()
+            tasks = [t for t in _drain(handled) if t is not None]
+            for task in tasks:
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
+            for task in tasks:  # their outcomes are read, whoever no longer waits for them
+                task.add_done_callback(_retrieve)
 
     async def clock_rpc(self, request: pb.ClockRequest, context: grpc.aio.ServicerContext) -> pb.ClockReply:
         await self._authenticate(context)
@@ -159,9 +182,16 @@ class IngestService:
             result = await self.committer.write(valid)
         except StorageRefused as refused:
             return self._refuse_whole(batch, STORAGE_REFUSED, str(refused))
-        except Exception as exc:
-            log.exception("storing batch %s/%d failed", valid.agent_id, valid.seq)
+        except DATABASE_UNAVAILABLE as exc:  # the outage log says so, once (store/availability.py)
+            self.committer.db.availability.failed(exc, "ingest batches refused")
             raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later") from exc
+        except OutcomeUnknown as unknown:
+            self.committer.db.availability.failed(unknown.cause, "ingest batches refused")
+            raise _Refused(
+                grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later", certain=False
+            ) from unknown
+        except Exception as exc:  # logged with its traceback by the committer
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage failed; resend later") from exc
         if result.conflict:
             detail = f"seq {batch.seq} of agent {batch.agent_id} was stored before with other records"
             return self._refuse_whole(batch, SEQ_REUSED, detail)
@@ -209,6 +239,41 @@ class IngestService:
             self.stats.rejected.labels(rejection.reason).inc()
         if valid.unknown_fields:
             self.stats.unknown_fields.inc(valid.unknown_fields)
+
+
+async def _settle_read_ahead(
+    reader: asyncio.Task[None], handled: asyncio.Queue[asyncio.Task[pb.Ack] | None]
+) -> tuple[list[pb.Ack], bool]:
+    """Stop reading; of the batches read ahead, withdraw those no writer holds and wait for the
+    rest. Returns the Acks of those that were stored (an Ack names its seq: order is free), and
+    whether every other one is certainly not stored."""
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await reader
+    tasks = [t for t in _drain(handled) if t is not None]
+    for task in tasks:
+        task.cancel()
+    acks, certain = [], True
+    for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+        if isinstance(outcome, pb.Ack):
+            acks.append(outcome)
+        elif isinstance(outcome, _Refused):
+            certain = certain and outcome.certain
+        elif not isinstance(outcome, asyncio.CancelledError):
+            certain = False
+    return acks, certain
+
+
+def _drain(handled: asyncio.Queue[asyncio.Task[pb.Ack] | None]) -> list[asyncio.Task[pb.Ack] | None]:
+    drained = []
+    while not handled.empty():
+        drained.append(handled.get_nowait())
+    return drained
+
+
+def _retrieve(task: asyncio.Task[pb.Ack]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def make_grpc_server(service: IngestService, *, max_message_bytes: int) -> grpc.aio.Server:

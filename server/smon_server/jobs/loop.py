@@ -42,6 +42,8 @@ async def analysis_loop(
         started = time.monotonic()
         try:
             await asyncio.to_thread(analysis_pass, context, time.time())
+        except DATABASE_UNAVAILABLE as exc:  # logged once per outage (store/availability.py)
+            context.db.availability.failed(exc, "analysis passes skipped")
         except Exception:
             log.exception("analysis pass failed; retrying next interval")
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())]
@@ -69,6 +71,8 @@ def analysis_pass(context: ServerContext, now: float) -> int:
         try:
             maintain_storage(context, now)
             context.storage_maintained_at = now
+        except DATABASE_UNAVAILABLE as exc:
+            context.db.availability.failed(exc)
         except Exception:
             log.exception("step record partitions / retention failed; retrying next pass")
     with context.db.session() as session:
@@ -79,11 +83,15 @@ def analysis_pass(context: ServerContext, now: float) -> int:
         )
         jobs = [(str(j), int(a)) for j, a, _ in listed]
         big = {(str(j), int(a)) for j, a, size in listed if is_big(size)}
+    context.db.availability.succeeded()
 
     def one(job: tuple[str, int]) -> bool:
         job_id, attempt = job
         try:
             return analyse_one(context, job_id, now, attempt=attempt)
+        except DATABASE_UNAVAILABLE as exc:
+            context.db.availability.failed(exc, "job analyses skipped")
+            return False
         except Exception:
             log.exception("analysis of job %s (attempt %d) failed", job_id, attempt)
             return False
@@ -118,6 +126,8 @@ def analysis_pass(context: ServerContext, now: float) -> int:
                     outbox.enqueue(
                         session, alert, t.kind, context.notifiers, public_url=settings.public_url, now=now
                     )
+    except DATABASE_UNAVAILABLE as exc:
+        context.db.availability.failed(exc, "alert evaluations skipped")
     except Exception:
         log.exception("alert evaluation failed; retrying next pass")
     return done

@@ -48,7 +48,7 @@ def _start(settings: Settings, parent: int) -> None:
     from smon_server.store.db import Database
 
     _state["settings"] = settings
-    _state["db"] = Database(settings.database_url)
+    _state["db"] = Database.from_settings(settings)
     threading.Thread(target=_exit_with, args=(parent,), name="smon-parent-watch", daemon=True).start()
 
 

@@ -87,10 +87,11 @@ class JobsCollector(Collector):
                 wasted = queries.gpu_hours_wasted(session=session, job_ids=job_ids)
                 firing = queries.firing_alerts(session=session)
         except DATABASE_UNAVAILABLE as exc:
-            log.warning("metrics scrape without job series: database unavailable: %s", exc)
+            self.db.availability.failed(exc, "metrics scrapes without job series")
             up.add_metric([], 0.0)
             yield up
             return
+        self.db.availability.succeeded()
         up.add_metric([], 1.0)
         yield up
         alerts = GaugeMetricFamily(
