@@ -10,9 +10,9 @@ Each span an agent timed becomes one operation of the matching op type (DESIGN Â
   after it (optimizer, a GC pause, rank 0's evaluation) delays the *next* step's collective on
   every other rank, so it is replayed as the start of that next step. The collective ends at the
   same instant on every rank, so every rank's replayed step then starts together, as the replay
-  assumes. The first step of each run of consecutive steps (one stride apart: 1, or what a script
-  numbering steps by samples uses) only lends its tail to the next one (its own start is not in
-  the window), so callers pass one step before the window they want. A job without collectives
+  assumes. The first step of each run of consecutive steps (numbered one apart, or further apart
+  but back to back in time: a script numbering steps by samples) only lends its tail to the next
+  one (its own start is not in the window), so callers pass one step before the window they want. A job without collectives
   keeps the agent's boundaries (the optimizer step).
 - TP peers of one worker run in lockstep: only the lowest tp_rank of each (dp_rank, stage) worker
   is kept for the simulation (the per-rank heatmap still reads every rank's records).
@@ -110,9 +110,13 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
     has_cut = np.isfinite(cut)
     continues = np.zeros(n, dtype=bool)
     if n > 1:
-        same_rank = cols.rank[1:] == cols.rank[:-1]
+        # The next step, or (numbered further on: steps counted in samples) one that began as
+        # its rank's previous record ended. A gap in numbers with time in between is steps that
+        # were not recorded (dropped, or not sampled by the agent): their tail is gone.
         gap = cols.step[1:] - cols.step[:-1]
-        continues[1:] = same_rank & (gap == _step_stride(gap[same_rank])) & has_cut[:-1]
+        idle = cols.start_time[1:] - (cols.start_time[:-1] + cols.duration[:-1])
+        adjacent = (gap == 1) | ((gap > 1) & (idle <= 0.5 * cols.duration[1:]))
+        continues[1:] = (cols.rank[1:] == cols.rank[:-1]) & adjacent & has_cut[:-1]
     window_start = np.where(continues, np.r_[0.0, cut[:-1]] if n else cut, cols.start_time)
     window_end = np.where(has_cut, cut, cols.start_time + cols.duration)
     emitted = continues | ~has_cut
@@ -202,14 +206,6 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
         ends_at_last_op=True,
     )
     return table, labels
-
-
-def _step_stride(gaps: np.ndarray) -> int:
-    """How far apart a rank's consecutive steps are numbered: 1, or the stride of a script that
-    numbers them otherwise (by samples: 32, 64, ...). A record continues its rank's previous one
-    when its step is one stride on; a bigger gap is a step that was lost, whose tail is gone."""
-    positive = gaps[gaps > 0]
-    return int(positive.min()) if positive.size else 1
 
 
 def _max_per_segment(values: np.ndarray, segment: np.ndarray, n: int, empty: float) -> np.ndarray:
