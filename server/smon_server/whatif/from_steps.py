@@ -12,8 +12,8 @@ Each span an agent timed becomes one operation of the matching op type (DESIGN Â
   same instant on every rank, so every rank's replayed step then starts together, as the replay
   assumes. The first step of each run of consecutive steps (numbered one apart, or further apart
   but back to back in time: a script numbering steps by samples) only lends its tail to the next
-  one (its own start is not in the window), so callers pass one step before the window they want. A job without collectives
-  keeps the agent's boundaries (the optimizer step).
+  one (its own start is not in the window), so callers pass one step before the window they want.
+  A job without collectives keeps the agent's boundaries (the optimizer step).
 - TP peers of one worker run in lockstep: only the lowest tp_rank of each (dp_rank, stage) worker
   is kept for the simulation (the per-rank heatmap still reads every rank's records).
 
