@@ -32,7 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -167,10 +169,7 @@ def build(url: str, ranks: int, steps: int) -> tuple[float, float]:
                         "",
                     )
                 )
-        conn.execute(
-            "INSERT INTO span_kinds (code, name) VALUES "
-            + ", ".join(f"({i}, '{k}')" for i, k in enumerate(KINDS))
-        )
+        insert_kinds(conn, [1])
         with conn.cursor().copy(
             "COPY step_records (job_key, step, rank, start_time, duration, agent_key, gc_count, gc_seconds, "
             "spans) FROM STDIN"
@@ -190,6 +189,25 @@ def build(url: str, ranks: int, steps: int) -> tuple[float, float]:
         new_bytes = partitions.stored_bytes(session)
     db.dispose()
     return float(new_bytes) / len(rows), float(old_bytes) / len(sample)
+
+
+def insert_kinds(conn: psycopg.Connection[Any], job_keys: Iterable[int]) -> None:
+    """KINDS as the jobs' span kind names: one dictionary per job attempt since migration 0010
+    (`job_span_kinds`); a baseline checkout from before it reads the one `span_kinds` table."""
+    tables = conn.execute("SELECT to_regclass('job_span_kinds'), to_regclass('span_kinds')").fetchone()
+    assert tables is not None
+    if tables[0] is not None:
+        conn.execute(
+            "INSERT INTO job_span_kinds (job_key, code, name) SELECT k, c, n FROM unnest(%s::int[]) AS k,"
+            " unnest(%s::int[], %s::text[]) AS kinds(c, n)",
+            (list(job_keys), list(range(len(KINDS))), list(KINDS)),
+        )
+    if tables[1] is not None:
+        conn.execute(
+            "INSERT INTO span_kinds (code, name) VALUES "
+            + ", ".join(f"({i}, '{k}')" for i, k in enumerate(KINDS))
+            + " ON CONFLICT DO NOTHING"
+        )
 
 
 COPY_STEPS = (
@@ -314,10 +332,7 @@ def build_many(url: str, jobs: int, ranks: int, steps: int) -> None:
     conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     now = time.time()
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO span_kinds (code, name) VALUES "
-            + ", ".join(f"({i}, '{k}')" for i, k in enumerate(KINDS))
-        )
+        insert_kinds(conn, range(1, jobs + 1))
         for j in range(1, jobs + 1):
             origin = now - 600 - j
             conn.execute(

@@ -235,15 +235,12 @@ def store_steps(db: Database, url: str, job_id: str, ranks: int) -> tuple[float,
     import psycopg
     from sqlalchemy.engine import make_url
 
-    from benchmarks.analysis_pass import COPY_STEPS, KINDS, synthetic_job
+    from benchmarks.analysis_pass import COPY_STEPS, insert_kinds, synthetic_job
 
     rows = synthetic_job(ranks, STEPS, np.random.default_rng(ranks), time.time() - 3000)
     conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO span_kinds (code, name) VALUES "
-            + ", ".join(f"({i}, '{k}')" for i, k in enumerate(KINDS))
-        )
+        insert_kinds(conn, [1])
         with conn.cursor().copy(COPY_STEPS) as copy:
             for row in rows:
                 copy.write_row(row)

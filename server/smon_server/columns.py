@@ -128,7 +128,9 @@ class StepColumns:
         if name == "gc":
             return np.where(self.gc_count > 0, self.gc_seconds, np.nan)
         if name == "other":
-            return np.maximum(0.0, self.duration - self.covered_seconds())
+            # Spans of kind `other` (phase names a job sent past its limit, store/kinds.py) are
+            # counted here too: they cover no named phase.
+            return np.maximum(0.0, self.duration - self.covered_seconds(excluding="other"))
         code = self.kinds.index(name) if name in self.kinds else -1
         mine = self.span_kind == code
         total = np.bincount(self.span_record[mine], weights=self.span_duration[mine], minlength=len(self))
@@ -145,11 +147,16 @@ class StepColumns:
         out["other"] = self.phase_seconds("other")
         return out
 
-    def covered_seconds(self) -> np.ndarray:
-        """Per record, the length of the union of its spans clipped to [0, duration]."""
-        record = self.span_record
-        lo = np.clip(self.span_start, 0.0, self.duration[record])
-        hi = np.clip(self.span_start + self.span_duration, 0.0, self.duration[record])
+    def covered_seconds(self, excluding: str | None = None) -> np.ndarray:
+        """Per record, the length of the union of its spans (but those of kind `excluding`)
+        clipped to [0, duration]."""
+        record, start, duration = self.span_record, self.span_start, self.span_duration
+        if excluding in self.kinds:
+            keep = self.span_kind != self.kinds.index(excluding)
+            if not keep.all():
+                record, start, duration = record[keep], start[keep], duration[keep]
+        lo = np.clip(start, 0.0, self.duration[record])
+        hi = np.clip(start + duration, 0.0, self.duration[record])
         # Stored spans are in start order within their record (the agent times them in order):
         # then the sort would be the identity, and it is most of this function's time.
         if not _sorted_within(lo, record):
@@ -232,6 +239,20 @@ def dense_codes(values: np.ndarray, size: int = 0) -> tuple[np.ndarray, np.ndarr
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     present = np.bincount(values, minlength=size) > 0
     return np.flatnonzero(present), (np.cumsum(present) - 1)[values]
+
+
+def dense_index(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct values, ascending; each value's index among them) of any integers (step
+    numbers, ranks): a bincount over their span where it is within a few times their count (no
+    sort), else a sort. Memory follows how many values there are, never how large they are."""
+    if not values.size:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo + 1 > 4 * values.size + (1 << 16):
+        numbers, index = np.unique(values, return_inverse=True)
+        return numbers.astype(np.int64), index.ravel().astype(np.int64)
+    present = np.bincount(values - lo, minlength=hi - lo + 1) > 0
+    return (np.flatnonzero(present) + lo).astype(np.int64), (np.cumsum(present) - 1)[values - lo]
 
 
 def segmented_running_max(values: np.ndarray, segment: np.ndarray) -> np.ndarray:

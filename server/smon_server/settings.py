@@ -100,6 +100,11 @@ class Settings(BaseSettings):
     # Distinct jobs that may report at once (heard from within the hour) per ingest token, per
     # replica; a new job past it is refused (`too_many_jobs`). 0: no limit.
     ingest_max_jobs: Annotated[int, Field(ge=0)] = 10_000
+    # Distinct phase (span kind) names one job attempt may use beside the standard ones
+    # (store/kinds.py); spans of later names are stored as `other` and counted in the job's
+    # summary. Each name is an op type the analysis replays and a heatmap row the pass stores
+    # per step (docs/storage.md "Span kind names per job").
+    max_phase_names: Annotated[int, Field(ge=0, le=16_384)] = 64
 
     metrics_top_k: Annotated[int, Field(ge=0)] = 5
     # Finished jobs' series stay this long after the job was last heard from, then go away.

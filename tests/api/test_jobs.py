@@ -77,6 +77,7 @@ def test_jobs_list_has_the_contract_fields(client: httpx.Client, slow_job: str) 
         "computed_at",
         "attempt",
         "attempts",
+        "analysis_error",
     }
     assert job["stragglers"] >= 1 and job["worst_rank"] == SLOW_RANK and job["leading_cause"]
     assert job["state"] == "running"

@@ -133,6 +133,18 @@ def test_bad_and_unknown_metrics(client: httpx.Client, job: str) -> None:
     assert client.get("/api/v1/jobs/nope/heatmap", params={"metric": "forward"}).status_code == 404
     empty = client.get(url, params={"metric": "forward", "from_rank": 50, "to_rank": 60}).json()
     assert empty["ranks"] == [] and empty["values"] == []
+    # The largest rank a zoom may name (PostgreSQL's substr takes int4 byte offsets: 4 × rank
+    # overflowed), alone and as a range, for stored and raw metrics.
+    top = 2**31 - 1
+    for metric in ("forward", "step_time", "other", "slowdown"):
+        for zoom in (
+            {"from_rank": top},
+            {"from_rank": top, "to_rank": top},
+            {"from_rank": 1, "to_rank": top},
+        ):
+            r = client.get(url, params={"metric": metric, **zoom})
+            assert r.status_code == 200, (metric, zoom, r.text)
+            assert r.json()["ranks"] == ([] if zoom["from_rank"] == top else list(range(1, WORLD)))
 
 
 @pytest.mark.parametrize("shape", [(4096, 500), (7, 3), (0, 0), (5, 0), (1, 1)])

@@ -19,7 +19,7 @@ from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest import commits
 from smon_server.ingest.commits import GroupCommitter
 from smon_server.ingest.validate import Limits, validate_batch
-from smon_server.store import migrate, row_keys
+from smon_server.store import kinds, migrate, row_keys
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, Job, StepRecord
 from smon_server.store.rows import ValidBatch
@@ -253,6 +253,13 @@ def test_a_stale_remembered_key_undoes_the_group_and_it_is_stored_again(
     assert known is not None
     jobs, agents = known
     db.row_keys.remember({name: key + 1000 for name, key in jobs.items()}, agents)  # a row made anew
+    # The job's span kind codes are remembered under the stale key too (else the group goes the
+    # way of new names: its job rows upserted first, with their right keys, and nothing is stale).
+    names = valid(0, 2, range(5, 10)).steps.kind_names
+    for key in jobs.values():
+        found = db.kinds.cached(key, names)
+        assert found is not None
+        db.kinds.remember({key + 1000: kinds.JobKinds(dict(found.codes))})
     with pytest.raises(row_keys.StaleRowKeys):
         write_batches(db, [valid(0, 2, range(5, 10))], now=f.T0)
     assert stored_steps(db) == 5  # the group's COPY was undone with it
@@ -303,6 +310,23 @@ def test_two_writers_commit_one_jobs_groups_side_by_side(
         job = session.scalars(select(Job).where(Job.job_id == "side")).one()
         assert job.last_step == per_rank * 5 - 1
         assert session.scalar(select(func.count()).select_from(Agent)) == ranks
+
+
+@pytest.mark.postgres
+def test_a_stale_remembered_key_of_a_job_with_new_names_is_put_right(
+    postgres_db_pair: tuple[Database, Database],
+) -> None:
+    """A group whose job's span kinds are not cached upserts its job rows first: a remembered key
+    that went stale is replaced by the stored one, and the records go under it."""
+    db, _ = postgres_db_pair
+    write_batches(db, [valid(0, 1, range(0, 5))], now=f.T0)
+    known = db.row_keys.lookup([valid(0, 2, range(5, 10))])
+    assert known is not None
+    jobs, agents = known
+    db.row_keys.remember({name: key + 1000 for name, key in jobs.items()}, agents)
+    [result] = write_batches(db, [valid(0, 2, range(5, 10))], now=f.T0)
+    assert not result.duplicate and stored_steps(db) == 10
+    assert db.row_keys.lookup([valid(0, 3, range(10, 12))]) == known
 
 
 def test_a_batch_withdrawn_before_a_writer_takes_it_is_never_stored(db: Database, gate: Gate) -> None:

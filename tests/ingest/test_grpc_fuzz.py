@@ -8,14 +8,22 @@ smon.v1.Batch), never INTERNAL / UNKNOWN / UNAVAILABLE (which an agent would res
 refusal names its reason and is counted on /metrics (`smon_ingest_rejected_total{reason}`), the
 valid records beside bad ones are stored (the test counts them in the database), the database
 never refuses what validation let through (`storage_refused` never happens), and the server is
-healthy afterwards. Runs derandomised (the same inputs every run) to stay deterministic; the
-number of inputs tried is printed.
+healthy afterwards. No client can exhaust what others need: a batch naming thousands of phases
+costs only its own job (the names past its limit are folded into its `other`), and after the
+fuzz a new job's own phase names all get codes. Memory stays bounded: the server's peak RSS, and
+(on PostgreSQL, whose leases keep a pass here apart from the server's own) one analysis pass over
+every fuzzed job, which must analyse each (none marked failed) within a bounded peak.
+
+Runs derandomised (the same inputs every run) with a few dozen inputs per test in CI; longer and
+new with SMON_FUZZ_EXAMPLES / SMON_FUZZ_SEED (tests/fuzzing.py). The inputs tried are printed.
 """
 
 from __future__ import annotations
 
 import math
 import subprocess
+import time
+import tracemalloc
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,16 +33,24 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import Engine
 
 from smon.table import to_table
 from smon.v1 import ingest_pb2 as pb
+from smon_server.context import ServerContext
+from smon_server.jobs.loop import analysis_pass
+from smon_server.store import codec
+from smon_server.store.kinds import DEFAULT_MAX_PHASE_NAMES, STANDARD_KINDS
+from smon_server.store.models import AnalysisResult, Job
 from tests import factories as f
+from tests.conftest import server_settings
 from tests.databases import fresh_database
+from tests.fuzzing import fuzz
+from tests.ingest.wire_cases import MESSAGE_CASES, RECORD_CASES
 from tests.server_process import free_port, start_server
 
 pytestmark = pytest.mark.slow
@@ -42,13 +58,11 @@ pytestmark = pytest.mark.slow
 # The status codes an answer may end with other than OK: the bytes are no Batch (INVALID_ARGUMENT),
 # or the message is past the server's size limit (RESOURCE_EXHAUSTED, grpc's own).
 CLEAR_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
-FUZZ = settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
-)
+FUZZ = fuzz(60)
+# The server's peak resident memory after the whole module (a few hundred MB in practice).
+MAX_SERVER_RSS = 1 << 30
+# One analysis pass over every fuzzed job (each a handful of records; tens of MB in practice).
+MAX_PASS_BYTES = 256 << 20
 KINDS = ["data_wait", "forward", "backward", "grad_sync", "optimizer", "checkpoint"]
 U32, U64 = 2**32 - 1, 2**64 - 1
 
@@ -104,6 +118,25 @@ class Server:
             )
             return [int(step) for (step,) in rows]
 
+    def phase_names(self, job: str) -> set[str]:
+        with self.engine.connect() as c:
+            rows = c.execute(
+                text(
+                    "SELECT k.name FROM job_span_kinds k JOIN jobs j ON j.key = k.job_key"
+                    " WHERE j.job_id = :job"
+                ),
+                {"job": job},
+            )
+            return {str(name) for (name,) in rows}
+
+    def largest_dictionary(self) -> int:
+        with self.engine.connect() as c:
+            sql = (
+                "SELECT coalesce(max(n), 0) FROM"
+                " (SELECT count(*) AS n FROM job_span_kinds GROUP BY job_key) t"
+            )
+            return int(c.execute(text(sql)).scalar_one())
+
     def rejected_counters(self) -> dict[str, float]:
         body = httpx.get(f"{self.http}/metrics", timeout=30).text
         return {
@@ -156,13 +189,57 @@ def counted(fuzz_server: Server) -> Iterator[Server]:
     assert "storage_refused" not in served or served["storage_refused"] == 0
     assert httpx.get(f"{fuzz_server.http}/healthz", timeout=10).status_code == 200
     assert httpx.get(f"{fuzz_server.http}/readyz", timeout=10).status_code == 200
+    # Nothing one client sent is used up for the next: a new job's own phase names all get codes,
+    # and no job holds more names than its limit.
     job = f.new_job_id("after-fuzz")
-    ack = fuzz_server.send(f.batch(job, 0, 1, steps=[f.dp_step(1, start=f.T0)]).SerializeToString(), "health")
+    step = f.dp_step(1, start=f.T0)
+    step.spans.add(kind="compute", start=f.T0 + 0.003, duration=0.001)
+    ack = fuzz_server.send(f.batch(job, 0, 1, steps=[step]).SerializeToString(), "health")
     assert ack is not None and ack.accepted == 1
+    assert fuzz_server.phase_names(job) >= {"compute", "forward", "backward"}
+    assert fuzz_server.largest_dictionary() <= DEFAULT_MAX_PHASE_NAMES + len(STANDARD_KINDS)
+    rss = _peak_rss(fuzz_server.process.pid)
+    assert rss < MAX_SERVER_RSS, f"server peak RSS {rss / 1e6:.0f} MB"
+    analysed = ""
+    if fuzz_server.engine.dialect.name == "postgresql":
+        jobs, peak = _analyse_everything(fuzz_server.engine.url.render_as_string(hide_password=False))
+        analysed = f"; one analysis pass over {jobs} jobs, peak {peak / 1e6:.0f} MB"
+    print(f"\nserver peak RSS {rss / 1e6:.0f} MB{analysed}")
     print(
         f"\ngRPC fuzz: {sum(fuzz_server.tried.values())} inputs "
         f"({dict(fuzz_server.tried)}); refusals {dict(fuzz_server.refused)}"
     )
+
+
+def _peak_rss(pid: int) -> int:
+    """A process's peak resident memory, bytes (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc")
+
+
+def _analyse_everything(url: str) -> tuple[int, int]:
+    """One analysis pass over every stored (fuzzed) job, in this process: each must be analysed
+    (no job marked failed), within MAX_PASS_BYTES at the peak. Returns (jobs, peak bytes)."""
+    context = ServerContext.from_settings(server_settings(url))
+    try:
+        tracemalloc.start()
+        try:
+            analysis_pass(context, time.time())
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        with context.db.session() as session:
+            results = session.execute(select(AnalysisResult.job_id, AnalysisResult.error)).all()
+            jobs = session.scalar(select(func.count()).select_from(Job))
+    finally:
+        context.close()
+    failed = {job: error for job, error in results if error}
+    assert not failed, failed
+    assert len(results) == jobs
+    assert peak < MAX_PASS_BYTES, f"{peak / 1e6:.0f} MB"
+    return len(results), peak
 
 
 # -- strategies ------------------------------------------------------------------------------------
@@ -180,7 +257,7 @@ def spans(draw: st.DrawFn, start: float) -> list[pb.Span]:
             kind=draw(st.sampled_from(KINDS) | names),
             start=start + draw(seconds),
             duration=draw(seconds),
-            chunk=draw(st.integers(0, 65_535)),
+            chunk=draw(st.integers(0, codec.MAX_CHUNK)),
         )
         if draw(st.booleans()):
             span.microbatch = draw(st.integers(-1, 32_767))
@@ -218,37 +295,13 @@ def record(draw: st.DrawFn, step: int) -> pb.StepRecord:
     return r
 
 
-# Each breaks one record for sure (validate.py's checks), in either wire form.
-RECORD_BREAKAGES: dict[str, Callable[[pb.StepRecord], None]] = {
-    "negative_step": lambda r: setattr(r, "step", -1 - r.step),
-    "nan_duration": lambda r: setattr(r, "duration", math.nan),
-    "inf_start": lambda r: setattr(r, "start_time", math.inf),
-    "zero_start": lambda r: setattr(r, "start_time", 0.0),
-    "end_before_start": lambda r: setattr(r, "end_time", r.start_time - 10),
-    "negative_duration": lambda r: setattr(r, "duration", -1.0),
-    "huge_duration": lambda r: setattr(r, "duration", 1e300),
-    "negative_gc": lambda r: setattr(r, "gc_seconds", -0.5),
-    "nul_kind": lambda r: setattr(r.spans[0], "kind", "for\x00ward"),
-    "empty_kind": lambda r: setattr(r.spans[0], "kind", ""),
-    "long_kind": lambda r: setattr(r.spans[0], "kind", "k" * 129),
-    "nan_span": lambda r: setattr(r.spans[0], "duration", math.nan),
-    "negative_span": lambda r: setattr(r.spans[0], "duration", -1.0),
-    "huge_span": lambda r: setattr(r.spans[0], "duration", 1e9),
-    "span_start_inf": lambda r: setattr(r.spans[0], "start", -math.inf),
-    "microbatch_past": lambda r: setattr(r.spans[0], "microbatch", 40_000),
-    "microbatch_below": lambda r: setattr(r.spans[0], "microbatch", -7),
-    "chunk_past": lambda r: setattr(r.spans[0], "chunk", 2**31 - 1),
-    "negative_chunk": lambda r: setattr(r.spans[0], "chunk", -1),
-    "nan_sum_sq": lambda r: r.seq.MergeFrom(pb.SequenceStats(count=1, sum_sq=math.nan)),
-    "mb_seq_past": lambda r: r.microbatch_seq.add(microbatch=70_000, seq=pb.SequenceStats(count=1)),
+# Each breaks one record for sure (validate.py's checks): the table both wire forms are tested
+# against (tests/ingest/wire_cases.py), and the message form's own.
+RECORD_BREAKAGES: dict[str, Callable[[pb.StepRecord], object]] = {
+    name: case.breaks for name, case in RECORD_CASES.items() if name != "too_many_spans"
 }
-# Message form only: a table carries no phase totals.
-MESSAGE_BREAKAGES: dict[str, Callable[[pb.StepRecord], None]] = {
-    "nan_phase": lambda r: r.phases.update({"forward": math.nan}),
-    "negative_phase": lambda r: r.phases.update({"forward": -1.0}),
-    "nul_phase": lambda r: r.phases.update({"a\x00b": 1.0}),
-    "long_phase": lambda r: r.phases.update({"p" * 200: 1.0}),
-    "huge_phase": lambda r: r.phases.update({"forward": 1e12}),
+MESSAGE_BREAKAGES: dict[str, Callable[[pb.StepRecord], object]] = {
+    name: case.breaks for name, case in MESSAGE_CASES.items()
 }
 
 
@@ -493,3 +546,32 @@ def test_a_resent_seq_with_other_records_is_refused_and_the_first_kept(
     if sorted(second.good_steps) != sorted(first.good_steps):
         assert refused.accepted == 0 and [r.reason for r in refused.rejections] == ["seq_reused"]
     assert counted.stored_steps(first.batch.coords.job) == first.good_steps
+
+
+@fuzz(15)
+@given(
+    count=st.integers(DEFAULT_MAX_PHASE_NAMES + 1, 3000),
+    in_table=st.booleans(),
+    per_record=st.integers(1, 400),
+)
+def test_many_phase_names_cost_only_their_own_job(
+    counted: Server, count: int, in_table: bool, per_record: int
+) -> None:
+    """A batch naming a phase per span: every record stored, the job's dictionary at its limit."""
+    job = f.new_job_id("names")
+    records: list[pb.StepRecord] = []
+    name = 0
+    while name < count:
+        r = f.dp_step(len(records), start=f.T0 + len(records))
+        for i in range(min(per_record, count - name)):
+            r.spans.add(kind=f"p{name + i}", start=r.start_time + 1e-5 * i, duration=1e-6)
+        name += min(per_record, count - name)
+        records.append(r)
+    b = f.batch(job, 0, 1, steps=[] if in_table else records)
+    if in_table:
+        b.step_table.CopyFrom(to_table(records))
+    ack = counted.send(b.SerializeToString(), "many_names")
+    assert ack is not None and (ack.accepted, list(ack.rejections)) == (len(records), [])
+    names = counted.phase_names(job)
+    assert len(names - STANDARD_KINDS) == DEFAULT_MAX_PHASE_NAMES and "other" in names
+    assert counted.stored_steps(job) == list(range(len(records)))

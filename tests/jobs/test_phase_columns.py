@@ -133,12 +133,13 @@ def test_stored_phase_grids_equal_the_records_pass_after_pass(
     # The checkpoint phase (step 25 only) slid out of the window: its rows went with it.
     with db.session() as session:
         key = queries.job_key(session=session, job_id=job_id)
+        assert key is not None
         codes = {
             c for (c,) in session.query(PhaseColumn.metric).filter(PhaseColumn.job_key == key).distinct()
         }
-        assert phase_grids.metric_code(session, "checkpoint") not in codes
+        assert phase_grids.metric_code(session, key, "checkpoint") not in codes
         assert {phase_grids.STEP_TIME, phase_grids.OTHER, phase_grids.GC} <= codes
-        assert phase_grids.metric_code(session, "nope") == phase_grids.UNREPORTED
+        assert phase_grids.metric_code(session, key, "nope") == phase_grids.UNREPORTED
 
 
 def test_a_restart_and_a_lost_pass_keep_the_grids_right(

@@ -39,11 +39,13 @@ def test_binary_copy_stores_the_rows_the_message_path_makes(postgres_url: str, s
             (row.rank, row.step): row
             for row in session.scalars(select(StepRecord).where(StepRecord.job_key == job_key))
         }
-    codes = db.kinds.codes(db.transaction, set().union(*(b.steps.kind_names for b in batches)))
+    assert job_key is not None
+    codes = {job_key: db.kinds.cached(job_key, set().union(*(b.steps.kind_names for b in batches)))}
+    assert codes[job_key] is not None  # every name was coded as the batches were stored
     expected = [
         dict(zip(STEP_COLUMNS, row, strict=True))
         for b in batches
-        for row in _step_rows(b, codes, int(job_key or 0), agent_keys[b.agent_id])
+        for row in _step_rows(b, codes, job_key, agent_keys[b.agent_id])  # type: ignore[arg-type]
     ]
     assert len(stored) == len(expected) == sum(len(b.steps) for b in batches)
     for want in expected:

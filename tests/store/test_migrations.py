@@ -300,3 +300,96 @@ def test_0009_makes_stored_jobs_attempt_1_and_its_downgrade_keeps_the_newest(dat
         assert migrate.current_revision(db) is not None
     finally:
         db.dispose()
+
+
+def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dictionary(
+    database_url: str,
+) -> None:
+    """Records stored under the one global dictionary read the same names after 0010, each job
+    holding only the names it uses; a job stored after it (codes of its own, clashing with the
+    first's) reads the same names after a downgrade, which renumbers and rewrites its spans."""
+    import sqlalchemy as sa
+
+    from smon_server.ingest.validate import Limits, validate_batch
+    from smon_server.store import codec
+    from smon_server.store.models import Job
+    from smon_server.store.step_window import read_window
+    from smon_server.store.writes import write_batch
+    from tests import factories as f
+
+    db = Database(database_url)
+    try:
+        migrate.upgrade(db, "0009")
+        with db.engine.begin() as c:
+            c.execute(
+                sa.text(
+                    "INSERT INTO span_kinds (code, name)"
+                    " VALUES (1, 'forward'), (2, 'backward'), (3, 'unused'), (4, 'eval')"
+                )
+            )
+            c.execute(
+                sa.text(
+                    "INSERT INTO jobs (job_id, attempt, key, world_size, dp_size, pp_size, tp_size,"
+                    " first_seen, last_seen, last_step, gpu_hours_wasted)"
+                    " VALUES ('old', 1, 7, 1, 1, 1, 1, 1.0, 2.0, 3, 0)"
+                )
+            )
+            c.execute(
+                sa.text(
+                    "INSERT INTO agents (agent_id, key, job_id, attempt, rank, local_rank, host, gpu_uuid,"
+                    " dp_rank, pp_rank, tp_rank, pid, agent_version, backend, clock_offset, first_seen,"
+                    " last_seen, dropped_records, errors, final, hb_phase) VALUES ('a0', 3, 'old', 1, 0, 0,"
+                    " 'h', '', 0, 0, 0, 1, '', '', 0.0, 1.0, 2.0, 0, 0, false, '')"
+                )
+            )
+            spans = codec.pack_spans([(1, 0.0, 0.1, -1, 0), (2, 0.1, 0.2, -1, 0)])
+            c.execute(
+                sa.text(
+                    "INSERT INTO step_records (job_key, step, rank, start_time, duration, agent_key,"
+                    " gc_count, gc_seconds, spans) VALUES (7, 3, 0, :t, 0.3, 3, 0, 0.0, :s)"
+                ),
+                {"t": f.T0, "s": spans},
+            )
+            c.execute(
+                sa.text(
+                    "INSERT INTO phase_columns (job_key, metric, step, seconds) VALUES (7, 4, 3, :v)"
+                ),  # a phase heatmap of `eval` outliving its records
+                {"v": b"\x00" * 4},
+            )
+        migrate.upgrade(db)
+        with db.engine.connect() as c:
+            held = c.execute(sa.text("SELECT job_key, code, name FROM job_span_kinds ORDER BY code")).all()
+        assert [tuple(r) for r in held] == [(7, 1, "forward"), (7, 2, "backward"), (7, 4, "eval")]
+
+        def names(job_id: str) -> list[str]:
+            with db.session() as session:
+                job = session.get(Job, (job_id, 1))
+                assert job is not None
+                cols = read_window(session=session, job=job, from_step=None, to_step=None)
+            return [cols.kinds[k] for k in cols.span_kind]
+
+        assert names("old") == ["forward", "backward"]
+        step = f.dp_step(0, start=f.T0)  # data_wait, forward, backward, grad_sync, optimizer: codes 1..5
+        write_batch(db, validate_batch(f.batch("new", 0, 1, steps=[step]), Limits()), now=f.T0)
+        before = names("new")
+        assert sorted(before) == ["backward", "data_wait", "forward", "grad_sync", "optimizer"]
+        db.dispose()  # the process caches codes: a downgrade is made with no server running
+
+        migrate.downgrade(db, "0009")
+        with db.engine.connect() as c:
+            glob: dict[int, str] = {
+                int(k): str(n) for k, n in c.execute(sa.text("SELECT code, name FROM span_kinds"))
+            }
+            stored = {
+                key: [glob[int(k)] for k in codec.unpack_spans(bytes(blob))["kind"]]
+                for key, blob in c.execute(sa.text("SELECT job_key, spans FROM step_records")).all()
+            }
+            metric = c.execute(sa.text("SELECT metric FROM phase_columns WHERE job_key = 7")).scalar_one()
+        assert len(set(glob.values())) == len(glob) == 6  # one code per name
+        assert stored[7] == ["forward", "backward"] and glob[metric] == "eval"
+        new_key = next(k for k in stored if k != 7)
+        assert stored[new_key] == before
+        migrate.upgrade(db)
+        assert names("new") == before and names("old") == ["forward", "backward"]
+    finally:
+        db.dispose()

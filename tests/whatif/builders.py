@@ -32,7 +32,7 @@ def table(ops: Sequence[Op]) -> OpTable:
         dp_rank=np.array([o.dp for o in ops], dtype=np.int32),
         stage=np.array([o.stage for o in ops], dtype=np.int32),
         step=np.array([o.step for o in ops], dtype=np.int64),
-        op_type=np.array([names.index(o.op) for o in ops], dtype=np.int16),
+        op_type=np.array([names.index(o.op) for o in ops], dtype=np.int32),
         seq_id=np.array([o.seq for o in ops], dtype=np.int32),
         chunk=np.array([o.chunk for o in ops], dtype=np.int16),
         microbatch=np.array([o.microbatch for o in ops], dtype=np.int16),

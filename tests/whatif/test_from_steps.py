@@ -114,3 +114,30 @@ def test_only_the_lead_tensor_parallel_rank_and_complete_steps_are_kept() -> Non
     table = build_op_table(cols)
     assert set(table.rank.tolist()) == {0, 1}
     assert O.HOST in table.op_types
+
+
+@pytest.mark.parametrize("stride", [1, 32, 10**12])
+def test_steps_numbered_apart_but_back_to_back_continue_each_other(stride: int) -> None:
+    """A script numbering its steps by samples (or anything else) is analysed like one counting
+    them: each record that began as its rank's previous one ended continues it."""
+    from tests.whatif.step_records import DdpJob, simulate
+
+    rows, _ = simulate(DdpJob(ranks=2, steps=12))
+    renumbered = [StepRow(**{**r.__dict__, "step": r.step * stride}) for r in rows]
+    plain = build_op_table(complete_steps(StepColumns.from_rows(rows)))
+    spaced = build_op_table(complete_steps(StepColumns.from_rows(renumbered)))
+    assert len(spaced) == len(plain) > 0
+    assert sorted(set(spaced.step.tolist())) == [s * stride for s in sorted(set(plain.step.tolist()))]
+    np.testing.assert_allclose(spaced.duration, plain.duration)
+
+
+def test_a_gap_with_time_in_it_is_steps_not_recorded() -> None:
+    """Steps numbered apart with steps' worth of time between them (dropped, or not sampled by the
+    agent) do not continue: their window would hold the missing steps' time."""
+    from tests.whatif.step_records import DdpJob, simulate
+
+    rows, _ = simulate(DdpJob(ranks=2, steps=12))
+    kept = [r for r in rows if r.step % 6 < 3]  # blocks of 3 recorded steps, 3 missing
+    table = build_op_table(complete_steps(StepColumns.from_rows(kept)))
+    # Each block's first step only lends its tail: steps 1, 2, 7, 8 are replayed.
+    assert sorted(set(table.step.tolist())) == [1, 2, 7, 8]

@@ -89,6 +89,10 @@ export interface Summary {
   diagnoses: Diagnosis[];
   recent: { from_step: number | null; to_step: number | null; steps_seen: number; slowdown: number | null; stragglers: Straggler[] } | null;
   computed_at: string | null;
+  analysis_state?: "ok" | "failed";
+  analysis_error?: string | null;
+  analysis_failed_at?: string | null;
+  data_quality_notes?: { kind: string; count: number; message: string }[];
 }
 
 export interface StepPoint {

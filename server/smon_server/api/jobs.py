@@ -26,6 +26,7 @@ from smon_server.api.deps import (
 from smon_server.api.schemas import (
     AttemptOut,
     AttemptsOut,
+    DataQualityNote,
     GpuSampleOut,
     HeatmapOut,
     JobOut,
@@ -43,9 +44,11 @@ from smon_server.api.schemas import (
     utc,
 )
 from smon_server.jobs import analysis as job_analysis
-from smon_server.jobs import loop, trend
+from smon_server.jobs import failures, loop, trend
 from smon_server.jobs.liveness import JobState, job_state
+from smon_server.settings import Settings
 from smon_server.store import grids, queries
+from smon_server.store.db import DATABASE_UNAVAILABLE
 from smon_server.store.models import AnalysisResult, Job
 from smon_server.store.queries import StepWindow
 from smon_server.store.step_window import read_window
@@ -125,6 +128,7 @@ def list_jobs(
                 worst_rank=result.worst_rank if result else None,
                 leading_cause=(result.leading_cause or None) if result else None,
                 computed_at=utc(result.computed_at) if result else None,
+                analysis_error=(result.error or None) if result else None,
             )
         )
     return JobsOut(jobs=out, total=total, limit=limit, offset=offset)
@@ -143,7 +147,18 @@ def _analysis(db: DbDep, context: ContextDep, job: Job, window: StepWindow, *par
             if "heatmap" in stored:
                 stored["heatmap"] = grids.unpack(stored["heatmap"])
             return stored
-    fresh = job_analysis.analyze_job(session=db, job=job, settings=context.settings, now=now, window=window)
+    try:
+        fresh = job_analysis.analyze_job(
+            session=db, job=job, settings=context.settings, now=now, window=window
+        )
+    except DATABASE_UNAVAILABLE:
+        raise
+    except Exception as exc:  # this job's data broke its analysis: say so, as the stored one does
+        db.rollback()
+        state = job_analysis.current_state(
+            session=db, job=job, stall_seconds=context.settings.stall_seconds, now=now
+        )
+        return failures.failed_result(job, state.value, exc)
     fresh["heatmap"] = fresh["rank_slowdown"]
     return fresh
 
@@ -169,8 +184,31 @@ def summary(
         # The job's running total; another window reports its own figure.
         gpu_hours_wasted=job.gpu_hours_wasted if window.is_default else body.get("gpu_hours_wasted") or 0.0,
         computed_at=utc(result["computed_at"]) if result.get("computed_at") else None,
+        analysis_state="failed" if result.get("error") else "ok",
+        analysis_error=result.get("error") or None,
+        analysis_failed_at=utc(result["error_at"])
+        if result.get("error") and result.get("error_at")
+        else None,
+        data_quality_notes=_notes(job, settings),
     )
     return SummaryOut.model_validate(body)
+
+
+def _notes(job: Job, settings: Settings) -> list[DataQualityNote]:
+    """What the job's data lacked or had too much of, as ingest counted it."""
+    notes = []
+    if job.folded_spans:
+        notes.append(
+            DataQualityNote(
+                kind="phase_names_folded",
+                count=job.folded_spans,
+                message=f"{job.folded_spans} spans of phases named after this job's first "
+                f"{settings.max_phase_names} custom phase names (first: {job.folded_example!r}) were "
+                "stored as `other`: name phases with a fixed set of names (not one per step, like "
+                "f'eval:{step}'), or raise SMON_MAX_PHASE_NAMES",
+            )
+        )
+    return notes
 
 
 @router.get("/jobs/{job_id:path}/steps", response_model=StepsOut)

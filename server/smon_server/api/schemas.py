@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -29,6 +29,7 @@ class JobOut(BaseModel):
     worst_rank: int | None = Field(None, description="rank of the worst straggler")
     leading_cause: str | None = Field(None, description="cause of the leading diagnosis")
     computed_at: datetime | None = Field(None, description="when the latest analysis ran")
+    analysis_error: str | None = Field(None, description="why the latest analysis failed, if it did")
 
 
 class JobsOut(BaseModel):
@@ -72,6 +73,12 @@ class RecentOut(BaseModel):
     stragglers: list[Straggler]
 
 
+class DataQualityNote(BaseModel):
+    kind: str = Field(description="what was wrong with the data (e.g. phase_names_folded)")
+    count: int = Field(description="how many records or spans it touched")
+    message: str = Field(description="what it means, and what to do about it")
+
+
 class SummaryOut(BaseModel):
     job_id: str
     attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
@@ -104,6 +111,16 @@ class SummaryOut(BaseModel):
         "within seconds of an onset; null when the window is that short already",
     )
     computed_at: datetime | None
+    analysis_state: Literal["ok", "failed"] = Field(
+        "ok",
+        description="failed: the latest analysis of this job failed (`analysis_error` says why); "
+        "the numbers above are the last good analysis's, if any. Tried again when new steps arrive",
+    )
+    analysis_error: str | None = Field(None, description="why the latest analysis failed")
+    analysis_failed_at: datetime | None = Field(None, description="when it failed")
+    data_quality_notes: list[DataQualityNote] = Field(
+        default_factory=list, description="what the data this job sent lacked or had too much of"
+    )
 
 
 class StepOut(BaseModel):

@@ -18,6 +18,7 @@ import numpy as np
 
 from smon.v1 import ingest_pb2 as pb
 from smon_server.columns import spans_from_phases
+from smon_server.store import codec
 
 # (count, max_len, tokens, sum_sq) of a step, and (microbatch, count, max_len, tokens, sum_sq)
 SeqRow = tuple[int, int, int, float]
@@ -145,6 +146,15 @@ def from_rows(records: Sequence[pb.StepRecord]) -> RecordColumns:
         s_duration = np.r_[s_duration, e_duration.astype(np.float64)]
         s_microbatch = np.r_[s_microbatch, np.full(len(extra), -1, np.int64)]
         s_chunk = np.r_[s_chunk, np.zeros(len(extra), np.int64)]
+    mb_bad_span, mb_non_finite = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    if any(microbatch_seq):
+        rows = [row for listed in microbatch_seq for row in listed]
+        mb_bad_span, mb_non_finite = _microbatch_row_flags(
+            np.repeat(np.arange(n), [len(listed) for listed in microbatch_seq]),
+            np.array([row[0] for row in rows], dtype=np.int64),
+            np.array([row[4] for row in rows], dtype=np.float64),
+            n,
+        )
     return RecordColumns(
         step=step,
         start=start,
@@ -160,13 +170,11 @@ def from_rows(records: Sequence[pb.StepRecord]) -> RecordColumns:
         span_microbatch=s_microbatch,
         span_chunk=s_chunk,
         kinds=kinds,
-        non_finite=any_per_record(~np.isfinite(p_values), phase_record),
+        non_finite=any_per_record(~np.isfinite(p_values), phase_record) | mb_non_finite,
         negative=any_per_record(p_values < 0, phase_record),
         over=over,
         bad_name=bad_name,
-        bad_span=np.array(
-            [any(not -32768 <= m[0] <= 32767 for m in rows) for rows in microbatch_seq], dtype=bool
-        ).reshape(n),
+        bad_span=mb_bad_span,
         sum_sq=sum_sq,
         seq=seq,
         microbatch_seq=microbatch_seq,
@@ -183,6 +191,20 @@ def _empty() -> RecordColumns:
         span_chunk=i8, kinds=[], non_finite=no, negative=no, over=f8, bad_name=no, bad_span=no,
         sum_sq=f8, seq=[], microbatch_seq=[],
     )  # fmt: skip
+
+
+def _microbatch_row_flags(
+    owner: np.ndarray, microbatch: np.ndarray, sum_sq: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per record: a micro-batch sequence row whose number is past what its packed row holds
+    (bad_span), and one whose Σ len² is NaN, infinite or negative (non_finite). One check for
+    both wire forms (tests/ingest/test_wire_forms.py runs every case through each)."""
+    out_of_range = (microbatch < codec.MIN_SEQ_MICROBATCH) | (microbatch > codec.MAX_MICROBATCH)
+    bad_sum = ~np.isfinite(sum_sq) | (sum_sq < 0)
+    return (
+        np.bincount(owner[out_of_range], minlength=n) > 0,
+        np.bincount(owner[bad_sum], minlength=n) > 0,
+    )
 
 
 MAX_NAME_LENGTH = 128
@@ -233,7 +255,7 @@ def from_table(table: pb.StepTable) -> RecordColumns:
         for i in np.flatnonzero(seq_count).tolist():
             seq[i] = (int(seq_count[i]), int(max_len[i]), int(tokens[i]), float(sum_sq[i]))
     microbatch_seq: list[Sequence[MicrobatchRow]] = [()] * n  # most tables have no rows
-    bad_span = np.zeros(n, dtype=bool)
+    bad_span = non_finite = np.zeros(n, dtype=bool)
     mb_rows = _column(table, "mb_rows", "<u4", n, optional=True)
     if mb_rows is not None:
         per_record: list[list[MicrobatchRow]] = [[] for _ in range(n)]
@@ -253,10 +275,7 @@ def from_table(table: pb.StepTable) -> RecordColumns:
         rows = list(zip(*(c.tolist() for c in columns), strict=True))
         for i, row in zip(owner.tolist(), rows, strict=True):
             per_record[i].append(row)
-        bad_span |= np.bincount(owner[columns[0] > 32767], minlength=n) > 0
-        sum_sq_rows = columns[4]
-        bad_rows = ~np.isfinite(sum_sq_rows) | (sum_sq_rows < 0)
-        bad_span |= np.bincount(owner[bad_rows], minlength=n) > 0
+        bad_span, non_finite = _microbatch_row_flags(owner, columns[0].astype(np.int64), columns[4], n)
     return RecordColumns(
         step=need("step", "<i8", n).astype(np.int64),
         start=start,
@@ -272,7 +291,7 @@ def from_table(table: pb.StepTable) -> RecordColumns:
         span_microbatch=np.full(m, -1, np.int64) if microbatch is None else microbatch.astype(np.int64),
         span_chunk=np.zeros(m, np.int64) if chunk is None else chunk.astype(np.int64),
         kinds=list(table.kinds),
-        non_finite=np.zeros(n, dtype=bool),
+        non_finite=non_finite,
         negative=np.zeros(n, dtype=bool),
         over=np.zeros(n, dtype=np.float64),
         bad_name=np.zeros(n, dtype=bool),

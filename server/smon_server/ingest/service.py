@@ -197,6 +197,8 @@ class IngestService:
             return self._refuse_whole(batch, SEQ_REUSED, detail)
         valid = result.stored
         self._count(valid, duplicate=result.duplicate)
+        if result.folded_spans:
+            self.stats.folded_spans.inc(result.folded_spans)
         if valid.final and self.on_final is not None:
             self.on_final()
         return pb.Ack(

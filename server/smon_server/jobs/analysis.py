@@ -21,6 +21,7 @@ from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness, job_state
 from smon_server.jobs.memory import release_freed_memory
 from smon_server.jobs.window_ops import WindowCache, cache_key, window_ops
+from smon_server.jobs.workers import WORKER_DIED
 from smon_server.settings import Settings
 from smon_server.store import grids, phase_grids, queries
 from smon_server.store.grids import Grid
@@ -41,23 +42,32 @@ def needs_refresh(
     now: float,
     state_change_only: bool = False,
 ) -> bool:
-    """New steps arrived, or the job's state changed (a stall must be diagnosed while it lasts)."""
-    new_steps = job.last_step_seen is not None and job.last_step_seen > previous.computed_at
+    """New steps arrived, or the job's state changed (a stall must be diagnosed while it lasts).
+    A pass that failed counts as the latest: the job is tried again once new steps arrive."""
+    if previous.error == WORKER_DIED and not state_change_only:
+        return True  # killed once: perhaps for another process's memory (jobs/workers.py)
+    since = max(previous.computed_at, previous.error_at or previous.computed_at)
+    new_steps = job.last_step_seen is not None and job.last_step_seen > since
     if new_steps and not state_change_only:
         return True
-    # Two aggregates, not every agent row: this runs before each API read of a 4,096-rank job.
+    state = current_state(session=session, job=job, stall_seconds=settings.stall_seconds, now=now)
+    if state.value != previous.state:
+        return True
+    return state is JobState.STALLED and not state_change_only and not previous.error
+
+
+def current_state(*, session: Session, job: Job, stall_seconds: float, now: float) -> JobState:
+    """The job attempt's state now, from two aggregates (not every agent row: this runs before
+    each API read of a 4,096-rank job)."""
     all_final, heard = queries.liveness_facts(session=session, job=job)
-    state = job_state(
+    return job_state(
         job,
         all_final=all_final,
         last_heard=heard,
         now=now,
-        stall_seconds=settings.stall_seconds,
+        stall_seconds=stall_seconds,
         superseded=queries.is_superseded(session=session, job=job),
     )
-    if state.value != previous.state:
-        return True
-    return state is JobState.STALLED and not state_change_only
 
 
 def analyze_job(
@@ -303,7 +313,7 @@ def phase_heatmap(
     Steps the last analysis pass stored (store/phase_grids.py) are read from there; the default
     window is what it stored, as for the slowdown heatmap. Steps of an asked-for range outside
     it (older history, steps since the pass) come from the raw records, as they did before."""
-    code = phase_grids.metric_code(session, metric)
+    code = phase_grids.metric_code(session, job.key, metric)
     stored = phase_grids.stored_range(session, job.key)
     lo: int | None
     hi: int | None

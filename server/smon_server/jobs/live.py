@@ -130,6 +130,11 @@ def analyze_live(
     )
 
 
+def empty_summary(job_id: str | None, world_size: int | None) -> dict[str, Any]:
+    """The summary of an analysis with no numbers."""
+    return _empty_summary(job_id, world_size, [], None, None, 0)
+
+
 def _empty_summary(
     job_id: str | None,
     world_size: int | None,

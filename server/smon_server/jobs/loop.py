@@ -20,7 +20,7 @@ from smon_server.alerts import engine as alert_engine
 from smon_server.alerts import outbox
 from smon_server.context import ServerContext
 from smon_server.jobs import analysis as job_analysis
-from smon_server.jobs import trend, waste
+from smon_server.jobs import failures, trend, waste
 from smon_server.jobs.workers import is_big
 from smon_server.store import attempts, partitions, phase_grids, queries
 from smon_server.store.db import DATABASE_UNAVAILABLE
@@ -186,14 +186,37 @@ def analyse_one(
     """Analyse one job attempt (default: the job's newest) if it has news (or, with
     `state_change_only`, only if it changed state since its stored analysis: what the API does
     before serving it) and store the result. Each attempt has its own lease and result."""
-    settings = context.settings
     if attempt is None:
         with context.db.session() as session:
             attempt = queries.attempt_count(session=session, job_id=job_id)
         if not attempt:
             return False
     lease = attempts.name(job_id, attempt)
-    with _local_lease(lease), context.db.transaction() as session:
+    with _local_lease(lease):
+        try:
+            return _analyse_leased(context, job_id, attempt, lease, now, state_change_only)
+        except DATABASE_UNAVAILABLE:
+            raise  # an outage, not this job's fault: every job waits for the database alike
+        except Exception as exc:
+            # This job's data broke its analysis (or the worker analysing it died): the job is
+            # marked failed, with why, and every other job goes on (docs/server.md "Failed
+            # analyses").
+            return failures.record(
+                context.db,
+                job_id,
+                attempt,
+                lease=lease,
+                now=now,
+                error=exc,
+                stall_seconds=context.settings.stall_seconds,
+            )
+
+
+def _analyse_leased(
+    context: ServerContext, job_id: str, attempt: int, lease: str, now: float, state_change_only: bool
+) -> bool:
+    settings = context.settings
+    with context.db.transaction() as session:
         # The API waits for a running analysis of the job (then usually finds it up to date).
         if not try_lease(session, lease, wait=state_change_only):
             return False
@@ -220,9 +243,11 @@ def analyse_one(
         if previous is not None and previous.steps_seen and not result["summary"].get("steps_seen"):
             # The raw steps are gone (retention): the stored analysis stays, with the new state.
             job_analysis.restate_result(previous, result)
+            failures.recovered(previous, job_id, attempt)
             return True
         waste.accumulate_waste(job=job, result=result)
         row = previous or AnalysisResult(job_id=job_id, attempt=attempt)
+        failures.recovered(row, job_id, attempt)
         job_analysis.store_result(row, result)
         session.add(row)
         if result.get("phase_columns") is not None:

@@ -28,7 +28,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from smon_server.columns import StepColumns
+from smon_server.columns import StepColumns, dense_index
 from smon_server.store.models import Agent, Job, StepRecord
 from smon_server.store.queries import newest_steps
 from smon_server.store.step_window import read_window
@@ -376,13 +376,15 @@ def _row_facts(ops: OpTable, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     step = ops.step[rows]
     if not step.size:
         return np.zeros(0, dtype=np.int64), newest
-    low = int(step.min())
-    span = int(step.max()) - low + 1
-    counts = np.bincount(ops.op_type[rows].astype(np.int64) * span + (step - low), minlength=types * span)
+    # Over the distinct steps, not the span of step numbers (a gap of 10^12 between two steps
+    # would be a bincount of 10^12 × types).
+    steps, index = dense_index(step)
+    span = steps.size
+    counts = np.bincount(ops.op_type[rows].astype(np.int64) * span + index, minlength=types * span)
     seen = counts.reshape(types, span) > 0
-    row_steps = np.flatnonzero(seen.any(axis=0)).astype(np.int64) + low
+    row_steps = steps[seen.any(axis=0)].astype(np.int64)
     has = seen.any(axis=1)
-    newest[has] = span - 1 - np.argmax(seen[has, ::-1], axis=1) + low
+    newest[has] = steps[span - 1 - np.argmax(seen[has, ::-1], axis=1)]
     return row_steps, newest
 
 

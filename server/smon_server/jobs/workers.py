@@ -33,6 +33,13 @@ from smon_server.store import attempts
 
 log = logging.getLogger(__name__)
 
+# Why a job's analysis failed when its worker died (jobs/failures.py): the first time it is tried
+# again at the next pass (the worker may have been killed for another process's memory); dying
+# again on the same job, it waits for new steps like any failure, so a job that takes its worker
+# down does not do so every pass.
+WORKER_DIED = "the analysis worker process died while analysing this job (out of memory, or killed)"
+WORKER_DIED_AGAIN = WORKER_DIED + ", twice in a row"
+
 # Per worker process, set by _start.
 _state: dict[str, Any] = {}
 

@@ -28,6 +28,12 @@ class IngestStats:
             "Protobuf fields this server does not know (sent by a newer agent); ignored.",
             registry=registry,
         )
+        self.folded_spans = Counter(
+            "smon_ingest_spans_folded",
+            "Spans stored as `other` because their phase name came past their job's "
+            "SMON_MAX_PHASE_NAMES distinct names (the job's summary says which job).",
+            registry=registry,
+        )
         self.duplicates = Counter(
             "smon_ingest_duplicate_batches",
             "Batches received again after they had been stored (agent resends); stored once.",

@@ -22,10 +22,11 @@ SEQ_MICROBATCH = np.dtype(
 )
 assert SPAN.itemsize == 14 and SEQ_TOTAL.itemsize == 24 and SEQ_MICROBATCH.itemsize == 28
 
-# What fits the packed fields; ingest rejects spans outside (validate.py).
+# What fits the packed fields, and the analysis's int16 columns (whatif/ops.py OpTable: chunk and
+# micro-batch); ingest rejects spans outside (validate.py), in either wire form.
 MAX_MICROBATCH = 32_767
-MAX_CHUNK = 65_535
-MAX_KINDS = 32_767
+MIN_SEQ_MICROBATCH = -32_768  # a micro-batch sequence row's number (its analysis key packs 16 bits)
+MAX_CHUNK = 32_767
 MAX_GC_COUNT = 32_767
 
 # (kind code, start, duration, microbatch, chunk)

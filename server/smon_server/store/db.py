@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from smon_server.store.attempts import AgentAttempts
 from smon_server.store.availability import Availability
-from smon_server.store.kinds import SpanKinds, Transaction
+from smon_server.store.kinds import DEFAULT_MAX_PHASE_NAMES, SpanKinds
 from smon_server.store.row_keys import RowKeys
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ __all__ = [
     "answer_deadline",
     "make_engine",
 ]
+
+Transaction = Callable[[], AbstractContextManager[Session]]
 
 # The database cannot be reached, dropped the connection, or did not answer in time: what was
 # asked may succeed later. (sqlalchemy's TimeoutError: no pooled connection came free in time.)
@@ -203,6 +205,7 @@ class Database:
         *,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         answer_timeout: float | None = DEFAULT_ANSWER_TIMEOUT,
+        max_phase_names: int = DEFAULT_MAX_PHASE_NAMES,
     ) -> None:
         self.url = database_url
         self.engine = make_engine(
@@ -210,7 +213,7 @@ class Database:
         )
         self.availability = Availability()
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self.kinds = SpanKinds()
+        self.kinds = SpanKinds(max_phase_names)
         self.attempts = AgentAttempts()
         self.row_keys = RowKeys()
 
@@ -220,6 +223,7 @@ class Database:
             settings.database_url,
             connect_timeout=settings.database_connect_timeout,
             answer_timeout=settings.database_statement_timeout,
+            max_phase_names=settings.max_phase_names,
         )
 
     @property

@@ -21,6 +21,7 @@ from sqlalchemy import (
     LargeBinary,
     SmallInteger,
     String,
+    UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -61,6 +62,11 @@ class Job(Base):
     # Accumulated by the analysis loop: waste × GPUs × wall time covered by new steps.
     gpu_hours_wasted: Mapped[float] = mapped_column(Double, default=0.0)
     wasted_until: Mapped[float | None] = mapped_column(Double, default=None)
+    # Spans whose phase name came past the attempt's SMON_MAX_PHASE_NAMES and were stored as
+    # `other` (store/kinds.py), and the first such name: the summary's data-quality note.
+    # (Database-side defaults: the ingest upsert inserts from arrays of the other columns.)
+    folded_spans: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    folded_example: Mapped[str] = mapped_column(String(128), server_default="")
 
 
 class Agent(Base):
@@ -117,12 +123,16 @@ class IngestedBatch(Base):
 
 
 class SpanKind(Base):
-    """Span kind names (phases) as small integers: a step record stores codes, not repeated text."""
+    """A job attempt's span kind names (phases) as small integers: a step record stores codes, not
+    repeated text. Each attempt has its own dictionary, at most SMON_MAX_PHASE_NAMES names beside
+    the standard ones (store/kinds.py), so no job can fill a dictionary another job needs."""
 
-    __tablename__ = "span_kinds"
+    __tablename__ = "job_span_kinds"
+    __table_args__ = (UniqueConstraint("job_key", "name", name="uq_job_span_kinds_name"),)
 
+    job_key: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     code: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
-    name: Mapped[str] = mapped_column(String(128), unique=True)
+    name: Mapped[str] = mapped_column(String(128))
 
 
 class StepRecord(Base):
@@ -235,6 +245,10 @@ class AnalysisResult(Base):
     workers: Mapped[dict[str, Any] | None] = mapped_column(JsonType, deferred=True)
     rank_overall: Mapped[dict[str, Any] | None] = mapped_column(JsonType, deferred=True)
     heatmap: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
+    # The latest pass failed (jobs/loop.py): why, and when. The views above are the last good
+    # pass's (or empty); "" when the latest pass succeeded.
+    error: Mapped[str] = mapped_column(String(512), server_default="")
+    error_at: Mapped[float | None] = mapped_column(Double, default=None)
 
 
 class JobTrend(Base):

@@ -22,14 +22,19 @@ import numpy as np
 from sqlalchemy import delete, func, insert, literal, select
 from sqlalchemy.orm import Session, aliased
 
-from smon_server.columns import StepColumns, dense_codes
+from smon_server.columns import StepColumns, dense_codes, dense_index
 from smon_server.store import copy_binary
 from smon_server.store.grids import Grid
-from smon_server.store.models import Job, PhaseColumn, SpanKind
+from smon_server.store.kinds import kind_code
+from smon_server.store.models import Job, PhaseColumn
 
 # Metrics that are not span kinds (codes of span kinds are >= 0).
 STEP_TIME, GC, OTHER = -1, -2, -3
 SPECIAL = {"step_time": STEP_TIME, "gc": GC, "other": OTHER}
+# The most ranks a row's `seconds` can hold: float32 each in a bytea of at most 1 GB.
+MAX_ROW_RANKS = (1 << 28) - 1
+# Ranks up to this many past twice those with records are stored densely, gaps and all.
+SPARSE_RANKS = 1024
 # A phase no agent reported has no rows: its grid is the window's, every cell null (as the raw
 # path gives it; a dashboard may offer the standard phases before any agent reported them).
 UNREPORTED = -32768
@@ -43,6 +48,9 @@ class Columns:
     steps: np.ndarray  # [s] int64, ascending
     present: np.ndarray  # [s, n] bool: rank has a record of the step
     metrics: dict[int, np.ndarray]  # code -> [s, n] float32, NaN where no value
+    # The ranks were too sparse to store densely (a few ranks numbered far apart): nothing is
+    # stored for the pass, and the job's phase heatmaps come from its raw records.
+    sparse: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -53,9 +61,13 @@ def from_records(records: StepColumns, from_step: int | None) -> Columns:
     """Columns of `records` (at most one record per rank and step, as read_window gives them)."""
     if not len(records):
         return Columns(from_step, np.zeros(0, np.int64), np.zeros((0, 0), bool), {})
+    n = int(records.rank.max()) + 1
+    if n > 2 * dense_index(records.rank)[0].size + SPARSE_RANKS:
+        # Rows are as wide as the highest rank: two ranks numbered 0 and 10^6 would make every
+        # step's row a million cells. Memory follows the records, not the rank numbers.
+        return Columns(from_step, np.zeros(0, np.int64), np.zeros((0, 0), bool), {}, sparse=True)
     steps, col = np.unique(records.step, return_inverse=True)
     col = col.ravel()
-    n = int(records.rank.max()) + 1 if len(records) else 0
     row = records.rank
 
     def grid(values: np.ndarray) -> np.ndarray:
@@ -100,7 +112,7 @@ class Collector:
         self.parts.append(from_records(records, from_step))
 
     def update(self, keep_from: int | None) -> Update | None:
-        if not self.parts:
+        if not self.parts or any(p.sparse for p in self.parts):
             return None
         bounds = [p.from_step for p in self.parts]
         return Update(
@@ -237,12 +249,12 @@ def drop_finished(session: Session, *, seen_before: float) -> int:
     return int(session.execute(delete(PhaseColumn).where(PhaseColumn.job_key.in_(old))).rowcount or 0)  # type: ignore[attr-defined]
 
 
-def metric_code(session: Session, name: str) -> int:
-    """The code `name` is stored under: step_time, gc, other, or a span kind (UNREPORTED if no
-    agent ever reported a phase of that name)."""
+def metric_code(session: Session, job_key: int, name: str) -> int:
+    """The code `name` is stored under for the job attempt: step_time, gc, other, or one of its
+    span kinds (UNREPORTED if none of its agents reported a phase of that name)."""
     if name in SPECIAL:
         return SPECIAL[name]
-    code = session.scalar(select(SpanKind.code).where(SpanKind.name == name))
+    code = kind_code(session, job_key, name)
     return UNREPORTED if code is None else int(code)
 
 
@@ -268,7 +280,11 @@ def read(
 ) -> Grid:
     """The stored grid of metric `code` over steps [from_step, to_step], of the ranks in
     [from_rank, to_rank] that have a record in it: only those ranks' bytes are read."""
-    first = max(from_rank or 0, 0)
+    # A row holds at most MAX_ROW_RANKS ranks (a bytea is at most 1 GB), and PostgreSQL's
+    # substr takes int4 offsets: a zoom past it (from_rank=2147483647, a valid rank) is
+    # clamped there, where it finds no rank, rather than overflowing 4 × rank.
+    first = min(max(from_rank or 0, 0), MAX_ROW_RANKS)
+    to_rank = None if to_rank is None else min(to_rank, MAX_ROW_RANKS)
     p, v = aliased(PhaseColumn), aliased(PhaseColumn)
     present: Any = p.present
     seconds: Any = v.seconds if code != STEP_TIME else p.seconds

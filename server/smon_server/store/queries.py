@@ -63,11 +63,13 @@ def result_of(*, session: Session, job: Job) -> AnalysisResult | None:
 def result_parts(
     *, session: Session, job_id: str, attempt: int, parts: Sequence[str]
 ) -> dict[str, Any] | None:
-    """Some columns of one stored result (`state`, `computed_at` and the named views), or None."""
-    columns = [getattr(AnalysisResult, name) for name in ("state", "computed_at", *parts)]
+    """Some columns of one stored result (`state`, `computed_at`, the latest pass's `error` and
+    `error_at`, and the named views), or None."""
+    names = ("state", "computed_at", "error", "error_at", *parts)
+    columns = [getattr(AnalysisResult, name) for name in names]
     stmt = select(*columns).where(AnalysisResult.job_id == job_id, AnalysisResult.attempt == attempt)
     row = session.execute(stmt).first()
-    return None if row is None else dict(zip(("state", "computed_at", *parts), row, strict=True))
+    return None if row is None else dict(zip(names, row, strict=True))
 
 
 @dataclass(frozen=True)

@@ -76,12 +76,20 @@ def read_window(
     sorted by (rank, step)."""
     lo = from_step if from_step is not None else -(2**62)
     hi = to_step if to_step is not None else 2**62
+    coords = session.execute(
+        select(Agent.key, Agent.dp_rank, Agent.pp_rank, Agent.tp_rank, Agent.rank).where(
+            Agent.job_id == job.job_id, Agent.attempt == job.attempt
+        )
+    ).all()
     if rank is not None:
         bounds = [(rank, rank + 1)]
     else:
-        top = max(job.world_size, 1)
-        bounds = [(a, a + RANKS_PER_QUERY) for a in range(0, top, RANKS_PER_QUERY)]
-        bounds[-1] = (bounds[-1][0], 2**31 - 1)  # and any rank past world_size
+        # RANKS_PER_QUERY of the ranks that report at a time, whatever they are numbered (a
+        # world size a client declared, and ranks numbered far apart, must not make a query per
+        # thousand numbers): the first range from 0, the last to the largest rank there is.
+        ranks = sorted({int(c[4]) for c in coords})
+        starts = [0, *ranks[RANKS_PER_QUERY::RANKS_PER_QUERY]]
+        bounds = list(zip(starts, [*starts[1:], 2**31 - 1], strict=True))
     if session.get_bind().dialect.name == "postgresql":
         parts = [_read_pg(session, job.key, lo, hi, a, b) for a, b in bounds]
     else:
@@ -92,12 +100,8 @@ def read_window(
         seq_total=b"".join(p.seq_total for p in parts),
         seq_microbatches=b"".join(p.seq_microbatches for p in parts),
     )
-    coords = session.execute(
-        select(Agent.key, Agent.dp_rank, Agent.pp_rank, Agent.tp_rank).where(
-            Agent.job_id == job.job_id, Agent.attempt == job.attempt
-        )
-    ).all()
-    return _newest_runs(_decode(raw, kind_names(session), np.array(coords, dtype=np.int64).reshape(-1, 4)))
+    agents = np.array([c[:4] for c in coords], dtype=np.int64).reshape(-1, 4)
+    return _newest_runs(_decode(raw, kind_names(session, job.key), agents))
 
 
 def _read_pg(session: Session, job_key: int, lo: int, hi: int, rank_lo: int, rank_hi: int) -> _Raw:

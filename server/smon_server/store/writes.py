@@ -5,8 +5,9 @@ The (agent_id, seq) rows are inserted first; a batch whose row already exists is
 nothing else of it is written. Each batch goes to its agent's job attempt (store/attempts.py).
 Each job attempt and each agent in the group is upserted once, in key order (so two writers never
 wait on each other in opposite orders). Step records are keyed by (job attempt, step, rank,
-start); their spans are packed (store/codec.py) with kind names turned into codes first
-(store/kinds.py). On PostgreSQL all the group's step records go in with one COPY straight
+start); their spans are packed (store/codec.py) with kind names turned into their job attempt's
+codes (store/kinds.py: a name past the job's limit is stored as `other` and counted on the job).
+On PostgreSQL all the group's step records go in with one COPY straight
 into the table; if a record was already stored by some other route, that COPY fails on the key and
 the group's records are copied again through a staging table with ON CONFLICT DO NOTHING, so each
 record is still stored once.
@@ -23,15 +24,15 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from sqlalchemy import and_, bindparam, case, func, insert, literal_column, or_, select, text
+from sqlalchemy import and_, bindparam, case, func, insert, literal_column, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from smon.v1 import ingest_pb2 as pb
 from smon_server.store import attempts, codec, copy_binary
-from smon_server.store.codec import MAX_KINDS
 from smon_server.store.db import Database, Transaction
+from smon_server.store.kinds import MAX_CODE, Resolved
 from smon_server.store.models import Agent, Base, GpuSample, IngestedBatch, Job, StepRecord
 from smon_server.store.rows import StepBlock, ValidBatch
 
@@ -48,12 +49,17 @@ assert STEP_COLUMNS == [
 @dataclass(frozen=True)
 class WriteResult:
     duplicate: bool
-    # The batch as stored: records whose span kinds could get no code (the kind dictionary is
-    # full) moved from its steps to its rejections, so the Ack and the counts say so.
+    # The batch as stored: records whose span kinds could get no code (their job's dictionary
+    # has no code left) moved from its steps to its rejections, so the Ack and the counts say so.
     stored: ValidBatch
     # A duplicate whose records differ from those stored under its (agent_id, seq): not a resend
     # but a reused seq (an agent bug, or two agents with one id). Nothing of it was stored.
     conflict: bool = False
+    # Spans stored as `other` because their phase name came past the job's SMON_MAX_PHASE_NAMES.
+    folded_spans: int = 0
+
+
+JobCodes = dict[int, Resolved]  # job attempt key -> codes of the group's names for that job
 
 
 def write_batch(db: Database, batch: ValidBatch, now: float) -> WriteResult:
@@ -72,11 +78,10 @@ def write_batches(
     batch, in order. `stall_seconds`: how long an agent may be silent and still count as alive (a
     new agent after that is a new run)."""
     transaction = transaction or db.transaction
-    names = set().union(*(b.steps.kind_names for b in batches))
-    codes = db.kinds.codes(transaction, names)
-    batches = [_refuse_unnamed_kinds(b, codes) for b in batches]
     placed: dict[str, int] = {}
     keys: tuple[dict[tuple[str, int], int], dict[str, int]] | None = None
+    codes: JobCodes = {}
+    folded: dict[tuple[str, int], int] = {}
     with transaction() as session:
         dialect = session.get_bind().dialect.name
         digests = [b.digest for b in batches]
@@ -85,27 +90,100 @@ def write_batches(
         if stored:
             placed = attempts.assign(session, stored, now=now, stall_seconds=stall_seconds, known=db.attempts)
             known = db.row_keys.lookup(stored) if dialect == "postgresql" else None
-            if known is None:
+            cached = _cached_codes(db, stored, known[0]) if known is not None else None
+            if known is None or cached is None:
+                # New jobs, agents or span kinds: the job rows first (a new job's key goes into
+                # its records and kinds; its locked row serialises kind codes, store/kinds.py).
                 keys = (
                     _upsert_jobs(session, dialect, stored, now),
                     _upsert_agents(session, dialect, stored, now),
                 )
+                codes = _resolve_codes(session, db, stored, keys[0])
+                stored = [_refuse_unnamed_kinds(b, codes[keys[0][(b.job_id, b.attempt)]]) for b in stored]
                 _insert_records(session, dialect, stored, keys, codes)
             else:
                 # Records first, the rows other writers of these jobs lock last (store/row_keys.py).
+                codes = cached
                 _insert_records(session, dialect, stored, known, codes)
                 keys = (
                     _upsert_jobs(session, dialect, stored, now),
                     _upsert_agents(session, dialect, stored, now),
                 )
                 db.row_keys.check(known, keys)
+            folded = _count_folds(session, stored, keys[0], codes)
     db.attempts.remember(placed)  # committed: every process may now rely on these
     if keys is not None:
         db.row_keys.remember(*keys)
+        db.kinds.remember({k: r.learned for k, r in codes.items() if r.learned is not None})
+    stored_as = {(b.agent_id, b.seq): b for b in stored}
     return [
-        WriteResult(duplicate=i not in fresh, stored=b, conflict=i in conflicts)
+        WriteResult(
+            duplicate=i not in fresh,
+            stored=stored_as.get((b.agent_id, b.seq), b) if i in fresh else b,
+            conflict=i in conflicts,
+            folded_spans=folded.get((b.agent_id, b.seq), 0) if i in fresh else 0,
+        )
         for i, b in enumerate(batches)
     ]
+
+
+def _cached_codes(
+    db: Database, batches: Sequence[ValidBatch], job_keys: Mapping[tuple[str, int], int]
+) -> JobCodes | None:
+    """Every job's codes for its batches' names from the process cache, or None if any misses."""
+    names: dict[int, set[str]] = {}
+    for b in batches:
+        names.setdefault(job_keys[(b.job_id, b.attempt)], set()).update(b.steps.kind_names)
+    out: JobCodes = {}
+    for job_key, wanted in names.items():
+        found = db.kinds.cached(job_key, wanted)
+        if found is None:
+            return None
+        out[job_key] = found
+    return out
+
+
+def _resolve_codes(
+    session: Session, db: Database, batches: Sequence[ValidBatch], job_keys: Mapping[tuple[str, int], int]
+) -> JobCodes:
+    """Every job's codes for its batches' names, new names added (the job rows are locked)."""
+    names: dict[int, list[str]] = {}
+    for b in batches:
+        names.setdefault(job_keys[(b.job_id, b.attempt)], []).extend(b.steps.kind_names)
+    out: JobCodes = {}
+    for job_key in sorted(names):
+        wanted = names[job_key]
+        out[job_key] = db.kinds.cached(job_key, wanted) or db.kinds.resolve(session, job_key, wanted)
+    return out
+
+
+def _count_folds(
+    session: Session, batches: Sequence[ValidBatch], job_keys: Mapping[tuple[str, int], int], codes: JobCodes
+) -> dict[tuple[str, int], int]:
+    """Spans folded into `other` per batch ((agent_id, seq)), added to their jobs' counts."""
+    per_batch: dict[tuple[str, int], int] = {}
+    per_job: dict[int, tuple[int, str]] = {}
+    for b in batches:
+        job_key = job_keys[(b.job_id, b.attempt)]
+        folded = codes[job_key].folded
+        if not folded or not len(b.steps):
+            continue
+        which = [i for i, name in enumerate(b.steps.kind_names) if name in folded]
+        count = int(np.isin(b.steps.span_kind, which).sum())
+        if count:
+            per_batch[(b.agent_id, b.seq)] = count
+            spans, example = per_job.get(job_key, (0, b.steps.kind_names[which[0]]))
+            per_job[job_key] = (spans + count, example)
+    for job_key, (spans, example) in sorted(per_job.items()):
+        session.execute(
+            update(Job)
+            .where(Job.key == job_key)
+            .values(
+                folded_spans=Job.folded_spans + spans,
+                folded_example=case((Job.folded_example == "", example[:128]), else_=Job.folded_example),
+            )
+        )
+    return per_batch
 
 
 def _insert_records(
@@ -113,7 +191,7 @@ def _insert_records(
     dialect: str,
     stored: Sequence[ValidBatch],
     keys: tuple[Mapping[tuple[str, int], int], Mapping[str, int]],
-    codes: dict[str, int],
+    codes: JobCodes,
 ) -> None:
     """The batches' step records and GPU samples, with their job attempt and agent keys."""
     job_keys, agent_keys = keys
@@ -127,8 +205,9 @@ def _insert_records(
         _insert_ignoring_conflicts(session, dialect, GpuSample, samples)
 
 
-def _refuse_unnamed_kinds(batch: ValidBatch, codes: dict[str, int]) -> ValidBatch:
+def _refuse_unnamed_kinds(batch: ValidBatch, resolved: Resolved) -> ValidBatch:
     block = batch.steps
+    codes = resolved.codes
     unnamed = [i for i, name in enumerate(block.kind_names) if name not in codes]
     if not unnamed:
         return batch
@@ -144,21 +223,19 @@ def _refuse_unnamed_kinds(batch: ValidBatch, codes: dict[str, int]) -> ValidBatc
             kind="step",
             index=-1,
             reason=TOO_MANY_KINDS,
-            detail=f"step {step}: span kind dictionary full ({MAX_KINDS} names)",
+            detail=f"step {step}: the job's span kind dictionary has no code left ({MAX_CODE})",
         )
         for step in block.step[lacking].tolist()
     ]
     return replace(batch, steps=block.take(~lacking), rejections=[*batch.rejections, *refused])
 
 
-def _step_rows(
-    batch: ValidBatch, codes: dict[str, int], job_key: int, agent_key: int
-) -> Iterator[tuple[Any, ...]]:
+def _step_rows(batch: ValidBatch, codes: JobCodes, job_key: int, agent_key: int) -> Iterator[tuple[Any, ...]]:
     """The batch's records as rows in STEP_COLUMNS order."""
     block: StepBlock = batch.steps
     if not len(block):
         return iter(())
-    packed = _packed_spans(block, codes)
+    packed = _packed_spans(block, codes[job_key].codes)
     edges = (block.span_offsets * codec.SPAN.itemsize).tolist()
     spans = [packed[a:b] for a, b in pairwise(edges)]
     return zip(
@@ -458,7 +535,7 @@ def _agent_upsert(dialect: str) -> Any:
 
 
 def _insert_steps(
-    session: Session, dialect: str, batches: list[tuple[ValidBatch, int, int]], codes: dict[str, int]
+    session: Session, dialect: str, batches: list[tuple[ValidBatch, int, int]], codes: JobCodes
 ) -> None:
     """The batches' step records, with their (job key, agent key)."""
 
@@ -486,7 +563,7 @@ def _insert_steps(
         _copy_insert(session, "step_records", STEP_COLUMNS, rows())
 
 
-def _binary_rows(batches: list[tuple[ValidBatch, int, int]], codes: dict[str, int]) -> bytes:
+def _binary_rows(batches: list[tuple[ValidBatch, int, int]], codes: JobCodes) -> bytes:
     """Every record of the group as binary COPY rows, built in one go (store/copy_binary.py)."""
     blocks = [b.steps for b, _, _ in batches]
     sizes = [len(block) for block in blocks]
@@ -503,7 +580,7 @@ def _binary_rows(batches: list[tuple[ValidBatch, int, int]], codes: dict[str, in
         duration=joined("duration"),
         gc_count=joined("gc_count"),
         gc_seconds=joined("gc_seconds"),
-        spans=b"".join(_packed_spans(block, codes) for block in blocks),
+        spans=b"".join(_packed_spans(b.steps, codes[job_key].codes) for b, job_key, _ in batches),
         span_bytes=np.concatenate([np.diff(block.span_offsets) for block in blocks]) * codec.SPAN.itemsize,
         seq_total=[v for block in blocks for v in block.seq_total],
         seq_microbatches=[v for block in blocks for v in block.seq_microbatches],

@@ -77,8 +77,10 @@ def estimate_offsets(table: OpTable) -> dict[tuple[int, int], float]:
 def align_clocks(table: OpTable) -> tuple[OpTable, dict[tuple[int, int], float]]:
     """The table with each worker's start times moved onto the common clock, and the offsets."""
     offsets = estimate_offsets(table)
-    dp = np.array([k[0] for k in offsets])
-    stage = np.array([k[1] for k in offsets])
-    lookup = np.zeros((int(dp.max()) + 1, int(stage.max()) + 1))
-    lookup[dp, stage] = list(offsets.values())
-    return replace(table, start=table.start - lookup[table.dp_rank, table.stage]), offsets
+    # Looked up by (dp rank, stage) key, not in a grid as large as the largest rank numbers.
+    keys = np.array([(int(d) << 32) | int(s) for d, s in offsets], dtype=np.int64)
+    order = np.argsort(keys)
+    row_keys = (table.dp_rank.astype(np.int64) << 32) | table.stage.astype(np.int64)
+    at = order[np.clip(np.searchsorted(keys[order], row_keys), 0, keys.size - 1)]
+    shift = np.where(keys[at] == row_keys, np.array(list(offsets.values()))[at], 0.0)
+    return replace(table, start=table.start - shift), offsets

@@ -39,6 +39,7 @@ removes, not noise.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,7 +89,9 @@ def measure(
     n_slots, n_steps, _ = start.shape
     first = np.full(n_steps, np.inf, dtype=start.dtype)
     last = np.full(n_steps, -np.inf, dtype=start.dtype)
-    with np.errstate(invalid="ignore"):
+    # A block of slots none of which ran on some step (a job whose steps differ) is all NaN there.
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
         for lo in range(0, n_slots, 64):  # bounded temporaries on large jobs
             s, d = start[lo : lo + 64], duration[lo : lo + 64]
             first = np.fmin(first, np.nanmin(s, axis=(0, 2)))

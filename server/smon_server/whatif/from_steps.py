@@ -10,9 +10,10 @@ Each span an agent timed becomes one operation of the matching op type (DESIGN Â
   after it (optimizer, a GC pause, rank 0's evaluation) delays the *next* step's collective on
   every other rank, so it is replayed as the start of that next step. The collective ends at the
   same instant on every rank, so every rank's replayed step then starts together, as the replay
-  assumes. The first step of each run of consecutive steps only lends its tail to the next one
-  (its own start is not in the window), so callers pass one step before the window they want. A
-  job without collectives keeps the agent's boundaries (the optimizer step).
+  assumes. The first step of each run of consecutive steps (numbered one apart, or further apart
+  but back to back in time: a script numbering steps by samples) only lends its tail to the next
+  one (its own start is not in the window), so callers pass one step before the window they want.
+  A job without collectives keeps the agent's boundaries (the optimizer step).
 - TP peers of one worker run in lockstep: only the lowest tp_rank of each (dp_rank, stage) worker
   is kept for the simulation (the per-rank heatmap still reads every rank's records).
 
@@ -109,9 +110,13 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
     has_cut = np.isfinite(cut)
     continues = np.zeros(n, dtype=bool)
     if n > 1:
-        continues[1:] = (
-            (cols.rank[1:] == cols.rank[:-1]) & (cols.step[1:] == cols.step[:-1] + 1) & has_cut[:-1]
-        )
+        # The next step, or (numbered further on: steps counted in samples) one that began as
+        # its rank's previous record ended. A gap in numbers with time in between is steps that
+        # were not recorded (dropped, or not sampled by the agent): their tail is gone.
+        gap = cols.step[1:] - cols.step[:-1]
+        idle = cols.start_time[1:] - (cols.start_time[:-1] + cols.duration[:-1])
+        adjacent = (gap == 1) | ((gap > 1) & (idle <= 0.5 * cols.duration[1:]))
+        continues[1:] = (cols.rank[1:] == cols.rank[:-1]) & adjacent & has_cut[:-1]
     window_start = np.where(continues, np.r_[0.0, cut[:-1]] if n else cut, cols.start_time)
     window_end = np.where(has_cut, cut, cols.start_time + cols.duration)
     emitted = continues | ~has_cut
@@ -153,7 +158,7 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
 
     record = np.empty(total, dtype=np.int64)
     # In the table's own dtypes: no second pass to convert them (a chunk of 4,096 ranks is ~2 M rows).
-    out_op = np.empty(total, dtype=np.int16)
+    out_op = np.empty(total, dtype=np.int32)
     out_seq = np.empty(total, dtype=np.int32)
     out_start = np.empty(total)
     out_duration = np.empty(total)
@@ -190,7 +195,7 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
         dp_rank=cols.dp_rank[record].astype(np.int32, copy=False),
         stage=cols.pp_rank[record].astype(np.int32, copy=False),
         step=cols.step[record].astype(np.int64, copy=False),
-        op_type=renumber.astype(np.int16)[out_op],
+        op_type=renumber.astype(np.int32)[out_op],
         seq_id=out_seq,
         chunk=out_chunk,
         microbatch=out_mb,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -121,21 +122,28 @@ def build_layout(table: OpTable, dtype: npt.DTypeLike = np.float64) -> StepLayou
     del valid
     if int(table.seq_id.min()) < 0 or int(table.dp_rank.min()) < 0 or int(table.stage.min()) < 0:
         raise AnalysisError("dp_rank, stage and seq_id must not be negative")
+    # Steps, DP ranks and stages are numbers a client chose (steps counted in samples, a corrupt
+    # record; ranks anywhere below a world size it declared), and the arrays below are sized by
+    # their spans: mostly-empty spans are renumbered first, so memory follows the rows.
+    for column, axis in (("step", "steps"), ("dp_rank", "dp_ranks"), ("stage", "stages")):
+        values = getattr(table, column)
+        sparse = _sparse_numbers(values)
+        if sparse is not None:
+            numbers, renumbered = sparse
+            columns: dict[str, Any] = {column: renumbered.astype(values.dtype)}
+            layout = build_layout(replace(table, **columns), dtype)
+            setattr(layout, axis, numbers[getattr(layout, axis)].astype(np.int64))
+            return layout
     n_types = len(table.op_types)
     n_seq = int(table.seq_id.max()) + 1
-    # DP ranks and stages index the grid by their raw value (they are dense in practice; gaps are
+    # DP ranks and stages index the grid by their raw value (dense now; ranks never seen are
     # squeezed out below); steps and slot keys are numbered through a bincount of their values.
     dp_lo, st_lo = int(table.dp_rank.min()), int(table.stage.min())
     dp_span = int(table.dp_rank.max()) - dp_lo + 1
     st_span = int(table.stage.max()) - st_lo + 1
-    if st_span * n_types * n_seq > 1 << 26:
+    if st_span * n_types * n_seq > max(1 << 22, 4 * n):
         raise AnalysisError(f"seq_id up to {n_seq - 1} is implausible for one step's op count")
     step_lo, step_hi = int(table.step.min()), int(table.step.max())
-    if step_hi - step_lo >= 1 << 26:  # sparse step numbers: renumber them (a sort, but rare)
-        numbers, renumbered = np.unique(table.step, return_inverse=True)
-        layout = build_layout(replace(table, step=renumbered.astype(np.int64)), dtype)
-        layout.steps = numbers[layout.steps]
-        return layout
 
     def slot_keys(lo: int, hi: int, stride: int = 1) -> np.ndarray:
         key = table.stage[lo:hi:stride].astype(np.int32)
@@ -172,7 +180,7 @@ def build_layout(table: OpTable, dtype: npt.DTypeLike = np.float64) -> StepLayou
     n_slots = len(keys)
     # Keys are numbered stage-major, so a stage's slots are contiguous.
     slot_seq = (keys % n_seq).astype(np.int32)
-    slot_type = ((keys // n_seq) % n_types).astype(np.int16)
+    slot_type = ((keys // n_seq) % n_types).astype(np.int32)
     slot_stage_raw = (keys // (n_seq * n_types)).astype(np.int32)
 
     # A step counts only when every worker that ever reports has reported it.
@@ -227,6 +235,28 @@ def build_layout(table: OpTable, dtype: npt.DTypeLike = np.float64) -> StepLayou
         ),
         ends_at_last_op=table.ends_at_last_op,
     )
+
+
+def _sparse_numbers(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(the distinct values, each value's index among them) when they leave most of their span
+    empty, else None. Found with a bincount where the span is within a few times the rows (no
+    sort: this runs on every table), with a sort where it is not (then it is sparse for sure)."""
+    lo, hi = int(values.min()), int(values.max())
+    span = hi - lo + 1
+    if span <= _DENSE_SPAN:
+        return None
+    if span > 4 * values.size + (1 << 16):
+        numbers, index = np.unique(values, return_inverse=True)
+        return numbers, index.ravel()
+    seen = np.bincount(values - lo, minlength=span) > 0
+    distinct = int(np.count_nonzero(seen))
+    if span <= 2 * distinct + _DENSE_SPAN:
+        return None
+    index = np.cumsum(seen) - 1
+    return np.flatnonzero(seen) + lo, index[values - lo]
+
+
+_DENSE_SPAN = 1024  # a span of numbers this short is laid out as it is, gaps and all
 
 
 def _scatter(

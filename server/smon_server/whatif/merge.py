@@ -37,7 +37,7 @@ def join_tables(parts: list[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostL
     ends_at_last_op = True
     while parts:
         table, table_labels = parts.pop(0)
-        type_map = np.empty(len(table.op_types), dtype=np.int16)
+        type_map = np.empty(len(table.op_types), dtype=np.int32)
         for code, name in enumerate(table.op_types):
             if name not in op_types:
                 op_types.append(name)
@@ -78,8 +78,8 @@ def drop_unused_types(table: OpTable, keep: np.ndarray | None = None) -> OpTable
         used = np.flatnonzero(counts[: len(table.op_types)])
     if used.size == len(table.op_types):
         return table
-    renumber = np.full(len(table.op_types), -1, dtype=np.int16)
-    renumber[used] = np.arange(used.size, dtype=np.int16)
+    renumber = np.full(len(table.op_types), -1, dtype=np.int32)
+    renumber[used] = np.arange(used.size, dtype=np.int32)
     return OpTable(
         op_types=tuple(table.op_types[int(c)] for c in used),
         dp_rank=table.dp_rank,

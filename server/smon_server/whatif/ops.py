@@ -65,7 +65,7 @@ class OpTable:
     dp_rank: np.ndarray  # int32
     stage: np.ndarray  # int32
     step: np.ndarray  # int64
-    op_type: np.ndarray  # int16, index into op_types
+    op_type: np.ndarray  # int32, index into op_types (a job may name thousands of phases)
     seq_id: np.ndarray  # int32, order of this op type within the step on this worker
     chunk: np.ndarray  # int16, model chunk within the stage
     microbatch: np.ndarray  # int16
@@ -82,7 +82,7 @@ class OpTable:
         "dp_rank": np.int32,
         "stage": np.int32,
         "step": np.int64,
-        "op_type": np.int16,
+        "op_type": np.int32,
         "seq_id": np.int32,
         "chunk": np.int16,
         "microbatch": np.int16,

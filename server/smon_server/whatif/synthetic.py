@@ -116,7 +116,7 @@ def synthetic_table(job: SyntheticJob) -> OpTable:
         dp_rank=np.zeros(n, np.int32),
         stage=a[:, 0].astype(np.int32),
         step=np.zeros(n, np.int64),
-        op_type=a[:, 1].astype(np.int16),
+        op_type=a[:, 1].astype(np.int32),
         seq_id=a[:, 2].astype(np.int32),
         chunk=a[:, 4].astype(np.int16),
         microbatch=a[:, 3].astype(np.int16),

@@ -166,5 +166,5 @@ def _op_type_codes(col: object, path: Path) -> tuple[tuple[str, ...], np.ndarray
         except pa.ArrowException as e:
             raise TraceError(f"trace {path}: column optype must hold names: {e}") from e
     names = tuple(str(x) for x in arr.dictionary.to_pylist())
-    codes = np.asarray(arr.indices.fill_null(-1).to_numpy(zero_copy_only=False)).astype(np.int16)
+    codes = np.asarray(arr.indices.fill_null(-1).to_numpy(zero_copy_only=False)).astype(np.int32)
     return names, codes

@@ -280,6 +280,18 @@ function Headline({ s, run, price, analysedRange }: { s: Summary; run: Run | nul
           <>
             steps {s.from_step ?? "–"}–{s.to_step ?? "–"} ({s.steps_seen} seen)
             {s.warmup_steps > 0 && <div class="flag">first {s.warmup_steps} steps after each start left out (warm-up)</div>}
+            {s.analysis_state === "failed" && (
+              <div class="flag warn" data-testid="analysis-failed">
+                the latest analysis failed{s.analysis_failed_at ? ` (${fmt.dateTime(s.analysis_failed_at)})` : ""}:{" "}
+                {s.analysis_error}
+                {s.steps_seen > 0 ? "; these are the last good analysis's numbers" : ""}. Tried again when new steps arrive.
+              </div>
+            )}
+            {(s.data_quality_notes ?? []).map((n) => (
+              <div class="flag warn" data-testid="data-quality-note" key={n.kind}>
+                {n.message}
+              </div>
+            ))}
             {s.discrepancy_flagged && (
               <div class="flag warn" data-testid="discrepancy-flag">
                 replay misses the measured steps by {fmt.percent((s.simulation_discrepancy ?? 1) - 1)}: treat S with care

@@ -71,6 +71,13 @@ def _round(x: float) -> float:
     return round(float(x), 4) if math.isfinite(x) else float("nan")
 
 
+def most_common(values: np.ndarray) -> int:
+    """The most frequent of some integers (the interval between periodic spikes, in steps): by
+    counting the distinct values, not a bincount up to the largest (steps 10^12 apart)."""
+    distinct, counts = np.unique(values, return_counts=True)
+    return int(distinct[int(np.argmax(counts))])
+
+
 def clip01(x: float) -> float:
     return float(min(1.0, max(0.0, x))) if math.isfinite(x) else 0.0
 

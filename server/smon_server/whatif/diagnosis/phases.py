@@ -23,6 +23,7 @@ from smon_server.whatif.diagnosis.base import (
     Diagnosis,
     Facts,
     clip01,
+    most_common,
     num,
 )
 
@@ -215,7 +216,7 @@ def checkpoint_io(f: Facts) -> list[Diagnosis]:
     if at.size < 2:
         return []
     gaps = np.diff(at)
-    interval = int(np.bincount(gaps).argmax())
+    interval = most_common(gaps)
     regular = float((gaps == interval).mean())
     time_share = float(per_step.sum() / max(float(f.result.trace_step_time.sum()), 1e-12))
     if time_share < 0.01:

@@ -35,6 +35,7 @@ from smon_server.whatif.diagnosis.base import (
     PYTHON_GC,
     SLOW_WORKER,
     Facts,
+    most_common,
     num,
 )
 from smon_server.whatif.robust import NOISE_MARGIN, jitter_against, lower_median_index
@@ -158,7 +159,7 @@ def when_lost(f: Facts, op_types: list[str], w: tuple[int, ...]) -> dict[str, An
     out.update(steps=[int(x) for x in steps[:20]], max_s=num(float(lost.max())))
     if steps.size >= 2:
         gaps = np.diff(steps)
-        interval = int(np.bincount(gaps).argmax())
+        interval = most_common(gaps)
         if float((gaps == interval).mean()) >= 0.8:
             out["every_n_steps"] = interval
     return out
