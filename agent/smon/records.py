@@ -99,19 +99,22 @@ def to_step_record(
 
     # Span offsets are measured from the step's start mark on the same clock as the durations,
     # so on CUDA they place spans where the device ran them.
-    # (offset, seconds, kind, micro-batch, chunk, the host's seconds for device-timed spans)
-    rows: list[tuple[float, float, str, int | None, int, float | None]] = []
+    # (offset, seconds, kind, micro-batch, chunk, the host's (offset, seconds) of a device-timed span)
+    rows: list[tuple[float, float, str, int | None, int, tuple[float, float] | None]] = []
     host_time = clock.host_time
+    host_zero = host_time(raw.start)
     for kind, start, end, microbatch, chunk in raw.spans:
         offset = clock.elapsed(raw.start, start)
-        host = max(0.0, host_time(end) - host_time(start)) if clock.device else None
+        host = None
+        if clock.device:
+            host = (host_time(start) - host_zero, max(0.0, host_time(end) - host_time(start)))
         rows.append((offset, max(0.0, clock.elapsed(start, end)), kind, microbatch, chunk, host))
     gc_seconds = 0.0
     for gc_start, seconds in raw.gc_pauses:
         gc_seconds += seconds
         if seconds >= gc_span_min_seconds:
             # GC is a host pause: placed by host time relative to the step's host start.
-            rows.append((gc_start - host_time(raw.start), seconds, "gc", None, 0, None))
+            rows.append((gc_start - host_zero, seconds, "gc", None, 0, None))
     rows.sort(key=lambda r: r[0])
 
     phases: dict[str, float] = {}
@@ -120,7 +123,8 @@ def to_step_record(
         if microbatch is not None:
             span.microbatch = microbatch
         if host is not None:
-            span.host_duration = host
+            span.host_start = start_time + host[0]
+            span.host_duration = host[1]
         phases[kind] = phases.get(kind, 0.0) + seconds
     if raw.gc_pauses:
         phases["gc"] = gc_seconds  # every pause, including those too short to be spans

@@ -43,6 +43,7 @@ def to_table(records: Sequence[pb.StepRecord]) -> pb.StepTable:
     span_microbatch: list[int] = []
     span_chunk: list[int] = []
     span_host: list[float] = []
+    span_host_start: list[float] = []
     per_microbatch = chunked = host_timed = False
     for record in records:
         for span in record.spans:
@@ -59,8 +60,10 @@ def to_table(records: Sequence[pb.StepRecord]) -> pb.StepTable:
             if span.HasField("host_duration"):
                 host_timed = True
                 span_host.append(span.host_duration)
+                span_host_start.append(span.host_start if span.HasField("host_start") else _NAN)
             else:
                 span_host.append(_NAN)
+                span_host_start.append(_NAN)
     table = pb.StepTable(
         records=len(records),
         step=_bytes("q", [r.step for r in records]),
@@ -81,6 +84,7 @@ def to_table(records: Sequence[pb.StepRecord]) -> pb.StepTable:
         table.span_chunk = _bytes("i", span_chunk)
     if host_timed:
         table.span_host_duration = _bytes("d", span_host)
+        table.span_host_start = _bytes("d", span_host_start)
     with_seq = [r.seq if r.HasField("seq") else None for r in records]
     if any(q is not None for q in with_seq):
         table.seq_count = _bytes("I", [q.count if q is not None else 0 for q in with_seq])

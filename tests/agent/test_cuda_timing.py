@@ -95,6 +95,8 @@ def test_host_durations_travel_in_step_tables() -> None:
     table = to_table([record])
     (host,) = array("d", table.span_host_duration)
     assert host == pytest.approx(record.spans[0].host_duration) and host >= 0.01
+    (host_start,) = array("d", table.span_host_start)
+    assert host_start == record.spans[0].host_start == pytest.approx(record.start_time)
     assert record.spans[0].duration == pytest.approx(0.002)
     host_only = to_step_record(_host_step())
     assert host_only is not None and not to_table([host_only]).span_host_duration

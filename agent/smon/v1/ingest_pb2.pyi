@@ -43,20 +43,22 @@ class Coordinates(_message.Message):
     def __init__(self, job: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., host: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., dp_rank: _Optional[int] = ..., pp_rank: _Optional[int] = ..., tp_rank: _Optional[int] = ..., dp_size: _Optional[int] = ..., pp_size: _Optional[int] = ..., tp_size: _Optional[int] = ..., pid: _Optional[int] = ..., agent_version: _Optional[str] = ..., backend: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Span(_message.Message):
-    __slots__ = ("kind", "start", "duration", "microbatch", "chunk", "host_duration")
+    __slots__ = ("kind", "start", "duration", "microbatch", "chunk", "host_duration", "host_start")
     KIND_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     DURATION_FIELD_NUMBER: _ClassVar[int]
     MICROBATCH_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     HOST_DURATION_FIELD_NUMBER: _ClassVar[int]
+    HOST_START_FIELD_NUMBER: _ClassVar[int]
     kind: str
     start: float
     duration: float
     microbatch: int
     chunk: int
     host_duration: float
-    def __init__(self, kind: _Optional[str] = ..., start: _Optional[float] = ..., duration: _Optional[float] = ..., microbatch: _Optional[int] = ..., chunk: _Optional[int] = ..., host_duration: _Optional[float] = ...) -> None: ...
+    host_start: float
+    def __init__(self, kind: _Optional[str] = ..., start: _Optional[float] = ..., duration: _Optional[float] = ..., microbatch: _Optional[int] = ..., chunk: _Optional[int] = ..., host_duration: _Optional[float] = ..., host_start: _Optional[float] = ...) -> None: ...
 
 class SequenceStats(_message.Message):
     __slots__ = ("count", "tokens", "sum_sq", "max_len")
@@ -110,7 +112,7 @@ class StepRecord(_message.Message):
     def __init__(self, step: _Optional[int] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., duration: _Optional[float] = ..., phases: _Optional[_Mapping[str, float]] = ..., spans: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., gc_count: _Optional[int] = ..., gc_seconds: _Optional[float] = ..., seq: _Optional[_Union[SequenceStats, _Mapping]] = ..., microbatch_seq: _Optional[_Iterable[_Union[MicroBatchSequences, _Mapping]]] = ...) -> None: ...
 
 class StepTable(_message.Message):
-    __slots__ = ("records", "step", "start_time", "end_time", "duration", "gc_count", "gc_seconds", "span_count", "kinds", "span_kind", "span_start", "span_duration", "span_microbatch", "span_chunk", "seq_count", "seq_tokens", "seq_sum_sq", "seq_max_len", "mb_rows", "mb_microbatch", "mb_count", "mb_tokens", "mb_sum_sq", "mb_max_len", "span_host_duration")
+    __slots__ = ("records", "step", "start_time", "end_time", "duration", "gc_count", "gc_seconds", "span_count", "kinds", "span_kind", "span_start", "span_duration", "span_microbatch", "span_chunk", "seq_count", "seq_tokens", "seq_sum_sq", "seq_max_len", "mb_rows", "mb_microbatch", "mb_count", "mb_tokens", "mb_sum_sq", "mb_max_len", "span_host_duration", "span_host_start")
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +138,7 @@ class StepTable(_message.Message):
     MB_SUM_SQ_FIELD_NUMBER: _ClassVar[int]
     MB_MAX_LEN_FIELD_NUMBER: _ClassVar[int]
     SPAN_HOST_DURATION_FIELD_NUMBER: _ClassVar[int]
+    SPAN_HOST_START_FIELD_NUMBER: _ClassVar[int]
     records: int
     step: bytes
     start_time: bytes
@@ -161,7 +164,8 @@ class StepTable(_message.Message):
     mb_sum_sq: bytes
     mb_max_len: bytes
     span_host_duration: bytes
-    def __init__(self, records: _Optional[int] = ..., step: _Optional[bytes] = ..., start_time: _Optional[bytes] = ..., end_time: _Optional[bytes] = ..., duration: _Optional[bytes] = ..., gc_count: _Optional[bytes] = ..., gc_seconds: _Optional[bytes] = ..., span_count: _Optional[bytes] = ..., kinds: _Optional[_Iterable[str]] = ..., span_kind: _Optional[bytes] = ..., span_start: _Optional[bytes] = ..., span_duration: _Optional[bytes] = ..., span_microbatch: _Optional[bytes] = ..., span_chunk: _Optional[bytes] = ..., seq_count: _Optional[bytes] = ..., seq_tokens: _Optional[bytes] = ..., seq_sum_sq: _Optional[bytes] = ..., seq_max_len: _Optional[bytes] = ..., mb_rows: _Optional[bytes] = ..., mb_microbatch: _Optional[bytes] = ..., mb_count: _Optional[bytes] = ..., mb_tokens: _Optional[bytes] = ..., mb_sum_sq: _Optional[bytes] = ..., mb_max_len: _Optional[bytes] = ..., span_host_duration: _Optional[bytes] = ...) -> None: ...
+    span_host_start: bytes
+    def __init__(self, records: _Optional[int] = ..., step: _Optional[bytes] = ..., start_time: _Optional[bytes] = ..., end_time: _Optional[bytes] = ..., duration: _Optional[bytes] = ..., gc_count: _Optional[bytes] = ..., gc_seconds: _Optional[bytes] = ..., span_count: _Optional[bytes] = ..., kinds: _Optional[_Iterable[str]] = ..., span_kind: _Optional[bytes] = ..., span_start: _Optional[bytes] = ..., span_duration: _Optional[bytes] = ..., span_microbatch: _Optional[bytes] = ..., span_chunk: _Optional[bytes] = ..., seq_count: _Optional[bytes] = ..., seq_tokens: _Optional[bytes] = ..., seq_sum_sq: _Optional[bytes] = ..., seq_max_len: _Optional[bytes] = ..., mb_rows: _Optional[bytes] = ..., mb_microbatch: _Optional[bytes] = ..., mb_count: _Optional[bytes] = ..., mb_tokens: _Optional[bytes] = ..., mb_sum_sq: _Optional[bytes] = ..., mb_max_len: _Optional[bytes] = ..., span_host_duration: _Optional[bytes] = ..., span_host_start: _Optional[bytes] = ...) -> None: ...
 
 class GpuSample(_message.Message):
     __slots__ = ("time", "gpu_index", "gpu_uuid", "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz", "mem_clock_max_mhz", "gpu_util", "mem_util", "mem_used_bytes", "mem_total_bytes", "temperature_c", "power_w", "power_limit_w", "throttle_reasons", "ecc_corrected", "ecc_uncorrected", "pcie_replay", "xid_events")
