@@ -3,6 +3,7 @@ and kept on hooks wherever it would not (real CPU models, real autograd)."""
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from typing import Any
@@ -239,12 +240,16 @@ def test_hooks_keep_timing_backward_where_the_call_would_not_be_exact(
     assert mon.counters()["errors"] == 0
     steps = sorted_steps(ingest)
     assert len(steps) == KEEP_STEPS
+    durations = []
     for step in steps:
         spans = backward_spans(step)
         assert sorted(s.microbatch for s in spans) == list(range(backwards_per_step))
         for span in spans:
-            # the hooks' backward: not the stray graph's, not the slow final callback
-            assert BACKWARD_SLEEP <= span.duration < backwards_per_step * BACKWARD_SLEEP + FORWARD_SLEEP
+            assert span.duration >= BACKWARD_SLEEP
+            durations.append(span.duration)
+    # the hooks' backward, not the stray graph's or the slow final callback: those would add at
+    # least FORWARD_SLEEP to every span; the median, since one preempted step can too
+    assert statistics.median(durations) < backwards_per_step * BACKWARD_SLEEP + FORWARD_SLEEP
 
 
 def test_a_backward_that_raises_is_raised_unchanged_and_leaves_no_span(ingest, attach_fast):

@@ -44,7 +44,10 @@ def test_batches_by_time(ingest, attach_fast):
     assert ingest.servicer.wait_for(lambda s: len(s.step_numbers()) == 5)
     batches = record_batches(ingest.servicer)
     assert len(batches) <= 2  # five steps 10 ms apart share a batch
-    assert batches[-1].sent_time - ended < 1.0
+    # Sent by time: the monitor is still open and the batch is far from full, so only the flush
+    # interval (0.3 s) can have sent it; the bound only says "not stuck" (a loaded machine's
+    # threads can run a second late).
+    assert batches[-1].sent_time - ended < 5.0
 
 
 def test_throttled_ack_holds_records_back_then_sends_larger_batches(ingest, attach_fast):
