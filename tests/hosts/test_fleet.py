@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -170,7 +171,7 @@ def test_host_page_has_incidents_newest_first_verdict_and_advice(client: TestCli
 
 
 def test_gpu_faults_and_throttling_change_the_advice(db: Database, database_url: str, now: float) -> None:
-    ecc = [
+    ecc: list[dict[str, Any]] = [
         {"rank": 0, "time": now - 900 + 5 * k, "gpu_uuid": "GPU-x", "ecc_uncorrected": 0 if k < 3 else 4}
         for k in range(6)
     ]

@@ -8,6 +8,7 @@ from sqlalchemy import select
 
 from smon_server.alerts import outbox
 from smon_server.alerts.engine import Transition, evaluate
+from smon_server.alerts.notifiers import Notifier
 from smon_server.alerts.notifiers.pagerduty import PagerDuty
 from smon_server.alerts.notifiers.slack import Slack
 from smon_server.alerts.notifiers.webhook import Webhook
@@ -18,7 +19,7 @@ from smon_server.store.models import Alert, Notification, Silence
 from tests.hosts.builders import analysed_job, refresh
 
 DAY = 86_400.0
-NOTIFIERS = [
+NOTIFIERS: list[Notifier] = [
     Slack("http://slack"),
     PagerDuty("rk", "http://pd"),
     Webhook("http://hook", "https://smon.example"),
@@ -62,6 +63,7 @@ def test_a_suspect_host_pages_once_with_its_gpus_and_jobs_and_resolves_when_clea
     fired = run(db, now)
     assert [t.kind for t in fired] == ["firing"]
     (alert,) = host_alerts(db)
+    assert alert.details is not None
     assert (alert.host, alert.job_id, alert.state, alert.dedup_key) == (
         "node-a",
         "",

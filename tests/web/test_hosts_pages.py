@@ -26,7 +26,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Background
     with BackgroundServer(server_settings(url, analysis_interval=3600)) as server:
         assert server.context is not None
         db, now = server.context.db, time.time()
-        sick = [
+        sick: list[dict[str, Any]] = [
             {
                 "rank": 0,
                 "time": now - 3000 + 5 * k,
