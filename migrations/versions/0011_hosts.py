@@ -98,9 +98,13 @@ def upgrade() -> None:
         sa.Column("refreshed_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("host"),
     )
+    op.create_index(
+        "ix_host_summaries_order", "host_summaries", ["suspect", "straggler_jobs", "gpu_hours_lost", "host"]
+    )
 
 
 def downgrade() -> None:
+    op.drop_index("ix_host_summaries_order", table_name="host_summaries")
     op.drop_table("host_summaries")
     op.drop_index("ix_host_gpu_events_time", table_name="host_gpu_events")
     op.drop_index("ix_host_gpu_events_host_time", table_name="host_gpu_events")

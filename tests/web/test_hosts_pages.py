@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from playwright.sync_api import expect
 
 from smon_server.runtime import BackgroundServer
 from tests import factories as f
@@ -75,9 +76,7 @@ def test_hosts_table_puts_suspect_hosts_first_and_sorts(
     screenshot(page, "hosts")
     page.get_by_role("button", name="Host").click()
     page.wait_for_url("**/hosts?sort=host&dir=asc")
-    page.wait_for_function(
-        "document.querySelector('[data-testid=hosts-table] tbody tr').dataset.host === 'node-2'"
-    )
+    expect(table.locator("tbody tr").first).to_have_attribute("data-host", "node-0", timeout=30_000)
     hosts = [r.get_attribute("data-host") for r in table.locator("tbody tr").all()]
     assert hosts == sorted(hosts)
     assert page.errors == []

@@ -62,7 +62,9 @@ def page(
             column = getattr(HostSummary, k)
             column = column.desc() if descending else column.asc()
             order.append(column.nulls_last() if k == "last_incident" else column)
-        order.append(HostSummary.host.desc() if descending and sort == "host" else HostSummary.host.asc())
+        # Ties by name in the same direction: the default order is then one backward scan of
+        # ix_host_summaries_order (the newest page of 10,000 hosts reads ~100 rows, not all).
+        order.append(HostSummary.host.desc() if descending else HostSummary.host.asc())
         rows = session.scalars(select(HostSummary).where(*where).order_by(*order).limit(limit).offset(offset))
         return [summary_figures(r) for r in rows], total, start
     figs = [
@@ -80,8 +82,7 @@ def page(
             values.append(v)
         return tuple(values)
 
-    figs.sort(key=lambda f: f["host"])
-    figs.sort(key=key, reverse=descending)
+    figs.sort(key=lambda f: (*key(f), f["host"]), reverse=descending)
     return figs[offset : offset + limit], len(figs), since
 
 

@@ -424,6 +424,9 @@ class HostSummary(Base):
     10,000 hosts is one sorted read, not an aggregation of every incident."""
 
     __tablename__ = "host_summaries"
+    __table_args__ = (
+        Index("ix_host_summaries_order", "suspect", "straggler_jobs", "gpu_hours_lost", "host"),
+    )
 
     host: Mapped[str] = mapped_column(String(256), primary_key=True)
     first_seen: Mapped[float] = mapped_column(Double)
