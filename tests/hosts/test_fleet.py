@@ -155,6 +155,7 @@ def test_hosts_sort_page_and_period(client: TestClient, now: float) -> None:
 def test_host_page_has_incidents_newest_first_verdict_and_advice(client: TestClient) -> None:
     a = client.get("/api/v1/hosts/node-a").json()
     assert [i["job_id"] for i in a["incidents"]] == ["train-2", "train-1", "train-0"]
+    assert [i["job"] for i in a["incidents"]] == ["train-2", "train-1", "train-0"]
     first = a["incidents"][0]
     assert (first["rank"], first["cause"], first["gpu_uuid"], first["link"]) == (
         0,

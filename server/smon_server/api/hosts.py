@@ -93,6 +93,7 @@ def get_host(
     out["incidents"] = [
         {
             **i,
+            "job": i["job_id"],
             "first_seen": utc(i["first_seen"]),
             "last_seen": utc(i["last_seen"]),
             "link": f"/jobs/{quote(i['job_id'], safe='')}"

@@ -308,6 +308,7 @@ class HostsOut(BaseModel):
 
 
 class HostIncidentOut(BaseModel):
+    job: str = Field(description="the job's id (DESIGN §6 names it `job`; the same as `job_id`)")
     job_id: str
     attempt: int
     rank: int
