@@ -99,7 +99,9 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("host"),
     )
     op.create_index(
-        "ix_host_summaries_order", "host_summaries", ["suspect", "straggler_jobs", "gpu_hours_lost", "host"]
+        "ix_host_summaries_order",
+        "host_summaries",
+        ["suspect", "straggler_jobs", "gpu_hours_lost", "host", "last_seen"],
     )
 
 

@@ -65,8 +65,14 @@ def page(
         # Ties by name in the same direction: the default order is then one backward scan of
         # ix_host_summaries_order (the newest page of 10,000 hosts reads ~100 rows, not all).
         order.append(HostSummary.host.desc() if descending else HostSummary.host.asc())
-        rows = session.scalars(select(HostSummary).where(*where).order_by(*order).limit(limit).offset(offset))
-        return [summary_figures(r) for r in rows], total, start
+        # The page's names first, sorting only the sort keys (not every row's JSON), then its rows.
+        names = list(
+            session.scalars(
+                select(HostSummary.host).where(*where).order_by(*order).limit(limit).offset(offset)
+            )
+        )
+        rows = {r.host: r for r in session.scalars(select(HostSummary).where(HostSummary.host.in_(names)))}
+        return [summary_figures(rows[h]) for h in names if h in rows], total, start
     figs = [
         f
         for f in figures(session, since=since, now=now, policy=policy).values()

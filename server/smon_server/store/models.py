@@ -425,7 +425,7 @@ class HostSummary(Base):
 
     __tablename__ = "host_summaries"
     __table_args__ = (
-        Index("ix_host_summaries_order", "suspect", "straggler_jobs", "gpu_hours_lost", "host"),
+        Index("ix_host_summaries_order", "suspect", "straggler_jobs", "gpu_hours_lost", "host", "last_seen"),
     )
 
     host: Mapped[str] = mapped_column(String(256), primary_key=True)
