@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import delete
 
 from smon_server.api.main import create_app
+from smon_server.api.schemas import HostsOut
 from smon_server.context import ServerContext
 from smon_server.hosts import fleet
 from smon_server.hosts.record import blamed
@@ -114,6 +115,8 @@ def test_blame_goes_to_the_stragglers_own_host_for_machine_causes_only() -> None
 
 def test_only_the_host_that_keeps_straggling_is_suspect(client: TestClient) -> None:
     body = client.get("/api/v1/hosts").json()
+    HostsOut.model_validate(body)  # the hand-written body has the documented shape
+    assert body["since"].endswith("Z") and body["hosts"][0]["last_incident"].endswith("Z")
     by_host = {h["host"]: h for h in body["hosts"]}
     assert body["total"] == len(by_host) == 5
     assert body["hosts"][0]["host"] == "node-a"  # suspect first

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Response
 
 from smon_server.api.deps import MAX_STEP, ApiTokenDep, DbDep, SettingsDep
 from smon_server.api.schemas import HostDetailOut, HostOut, HostsOut, utc
@@ -30,14 +32,22 @@ def _seconds(since: datetime | None) -> float | None:
     return since.timestamp()
 
 
-def _times(f: dict[str, Any]) -> dict[str, Any]:
+def _iso(seconds: float) -> str:
+    """A time as pydantic writes the API's datetimes (UTC, `Z`)."""
+    return utc(seconds).isoformat().replace("+00:00", "Z")
+
+
+def _times(f: dict[str, Any], when: Callable[[float], Any] = utc) -> dict[str, Any]:
     out = dict(f)
     for k in ("last_incident", "first_seen", "last_seen"):
-        out[k] = utc(f[k]) if f.get(k) is not None else None
+        out[k] = when(f[k]) if f.get(k) is not None else None
     events = dict(f["gpu_events"])
-    events["xid"] = [{**x, "time": utc(x["time"])} for x in events.get("xid") or []]
+    events["xid"] = [{**x, "time": when(x["time"])} for x in events.get("xid") or []]
     out["gpu_events"] = events
     return out
+
+
+_HOST_FIELDS = tuple(HostOut.model_fields)
 
 
 @router.get("/hosts", response_model=HostsOut)
@@ -52,9 +62,10 @@ def list_hosts(
     order: Annotated[Literal["asc", "desc"], Query()] = "desc",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_STEP)] = 0,
-) -> HostsOut:
+) -> Response:
     """Every host seen in the period; by default suspect hosts first, then those that straggled
-    in the most jobs."""
+    in the most jobs. The body is written here, in the shape of `HostsOut` (tests check it):
+    validating 100 nested rows through pydantic was most of a request's time."""
     rows, total, start = pages.page(
         db,
         now=time.time(),
@@ -67,9 +78,9 @@ def list_hosts(
         limit=limit,
         offset=offset,
     )
-    return HostsOut(
-        hosts=[HostOut(**_times(f)) for f in rows], total=total, limit=limit, offset=offset, since=utc(start)
-    )
+    hosts = [{k: v for k, v in _times(f, _iso).items() if k in _HOST_FIELDS} for f in rows]
+    body = {"hosts": hosts, "total": total, "limit": limit, "offset": offset, "since": _iso(start)}
+    return Response(content=json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 
 @router.get("/hosts/{host}", response_model=HostDetailOut)
