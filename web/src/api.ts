@@ -310,7 +310,7 @@ export interface GpuEventTotals {
 
 export interface HostGpuEvents extends GpuEventTotals {
   xid: { code: number; time: string; gpu_uuid: string }[];
-  gpus: Record<string, GpuEventTotals>;
+  gpus?: Record<string, GpuEventTotals>; // on the host page only
 }
 
 export interface Host {

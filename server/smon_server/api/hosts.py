@@ -48,6 +48,7 @@ def _times(f: dict[str, Any], when: Callable[[float], Any] = utc) -> dict[str, A
 
 
 _HOST_FIELDS = tuple(HostOut.model_fields)
+LIST_XIDS = 3  # newest XIDs a list row carries
 
 
 @router.get("/hosts", response_model=HostsOut)
@@ -79,6 +80,9 @@ def list_hosts(
         offset=offset,
     )
     hosts = [{k: v for k, v in _times(f, _iso).items() if k in _HOST_FIELDS} for f in rows]
+    for h in hosts:  # per-GPU totals and all but the newest XIDs are the host page's
+        h["gpu_events"] = {k: v for k, v in h["gpu_events"].items() if k != "gpus"}
+        h["gpu_events"]["xid"] = h["gpu_events"]["xid"][:LIST_XIDS]
     body = {"hosts": hosts, "total": total, "limit": limit, "offset": offset, "since": _iso(start)}
     return Response(content=json.dumps(body, separators=(",", ":")), media_type="application/json")
 

@@ -278,8 +278,12 @@ class GpuEventTotals(BaseModel):
 
 
 class HostGpuEventsOut(GpuEventTotals):
-    xid: list[XidOut] = Field(default_factory=list, description="the newest XID errors")
-    gpus: dict[str, GpuEventTotals] = Field(default_factory=dict, description="the same per GPU UUID")
+    xid: list[XidOut] = Field(
+        default_factory=list, description="the newest XID errors (3 in a list row, 10 on the host page)"
+    )
+    gpus: dict[str, GpuEventTotals] = Field(
+        default_factory=dict, description="the same per GPU UUID (on the host page only)"
+    )
 
 
 class HostOut(BaseModel):
