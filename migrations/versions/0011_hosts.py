@@ -95,6 +95,7 @@ def upgrade() -> None:
         sa.Column("causes", JSON_TYPE, nullable=False),
         sa.Column("gpu_events", JSON_TYPE, nullable=False),
         sa.Column("incidents_by_day", JSON_TYPE, nullable=False),
+        sa.Column("row_json", sa.Text(), nullable=False),
         sa.Column("refreshed_at", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("host"),
     )

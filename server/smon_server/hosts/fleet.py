@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from smon_server.hosts.gpu_events import POWER, THERMAL
 from smon_server.settings import Settings
 from smon_server.store.models import HostGpuEvent, HostIncident, HostJob, HostSummary
+from smon_server.views.hosts import list_row
 
 DAY = 86_400.0
 PERIOD_DAYS = 7.0  # GET /hosts without `since`, and the stored summaries
@@ -284,6 +285,7 @@ def refresh(session: Session, *, now: float, policy: Policy, hosts: Collection[s
             "incidents_by_day",
         ):
             setattr(row, name, f[name])
+        row.row_json = list_row(f)
         row.refreshed_at = now
     gone = [h for h in stored if h not in figs]
     if gone:

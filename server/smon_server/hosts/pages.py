@@ -14,10 +14,10 @@ from smon_server.hosts.fleet import (
     blank,
     figures,
     recommendation,
-    summary_figures,
     verdict,
 )
 from smon_server.store.models import HostGpuEvent, HostIncident, HostJob, HostSummary
+from smon_server.views.hosts import list_row
 
 SortKey = Literal[
     "suspect",
@@ -45,9 +45,9 @@ def page(
     descending: bool,
     limit: int,
     offset: int,
-) -> tuple[list[dict[str, Any]], int, float]:
-    """(hosts of the page, hosts in all, the period's start). Without `since`: the stored
-    default-period figures, sorted and paged in the database; with it: aggregated now."""
+) -> tuple[list[str], int, float]:
+    """(the page's rows as JSON text, hosts in all, the period's start). Without `since`: the
+    stored default-period figures, sorted and paged in the database; with it: aggregated now."""
     keys = [sort, *(k for k in _DEFAULT if k != sort)]
     if since is None:
         start = now - PERIOD_DAYS * DAY
@@ -71,8 +71,9 @@ def page(
                 select(HostSummary.host).where(*where).order_by(*order).limit(limit).offset(offset)
             )
         )
-        rows = {r.host: r for r in session.scalars(select(HostSummary).where(HostSummary.host.in_(names)))}
-        return [summary_figures(rows[h]) for h in names if h in rows], total, start
+        stmt = select(HostSummary.host, HostSummary.row_json).where(HostSummary.host.in_(names))
+        rows = {host: text for host, text in session.execute(stmt)}
+        return [rows[h] for h in names if h in rows], total, start
     figs = [
         f
         for f in figures(session, since=since, now=now, policy=policy).values()
@@ -89,7 +90,7 @@ def page(
         return tuple(values)
 
     figs.sort(key=lambda f: (*key(f), f["host"]), reverse=descending)
-    return figs[offset : offset + limit], len(figs), since
+    return [list_row(f) for f in figs[offset : offset + limit]], len(figs), since
 
 
 def detail(

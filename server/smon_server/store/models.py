@@ -21,6 +21,7 @@ from sqlalchemy import (
     LargeBinary,
     SmallInteger,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -442,4 +443,6 @@ class HostSummary(Base):
     causes: Mapped[list[Any]] = mapped_column(JsonType)  # [{cause, jobs}] most jobs first
     gpu_events: Mapped[dict[str, Any]] = mapped_column(JsonType)
     incidents_by_day: Mapped[list[Any]] = mapped_column(JsonType)  # oldest day first
+    # The host's row of `GET /hosts` as JSON text (views/hosts.py), served without decoding.
+    row_json: Mapped[str] = mapped_column(Text, default="")
     refreshed_at: Mapped[float] = mapped_column(Double)
