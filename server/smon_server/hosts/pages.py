@@ -14,6 +14,7 @@ from smon_server.hosts.fleet import (
     blank,
     figures,
     recommendation,
+    summary_figures,
     verdict,
 )
 from smon_server.store.models import HostGpuEvent, HostIncident, HostJob, HostSummary
@@ -99,7 +100,11 @@ def detail(
     """The host's figures, verdict and recommendation, its incidents newest first, the jobs it
     ran and its GPUs' health events; None when nothing is stored about it at all."""
     start = now - PERIOD_DAYS * DAY if since is None else since
-    f = figures(session, since=start, now=now, policy=policy, hosts=[host]).get(host)
+    stored = session.get(HostSummary, host) if since is None else None
+    if stored is not None:  # the default period: the figures the list and the alert read
+        f: dict[str, Any] | None = summary_figures(stored)
+    else:
+        f = figures(session, since=start, now=now, policy=policy, hosts=[host]).get(host)
     if f is None:
         known = session.scalar(select(HostJob.host).where(HostJob.host == host).limit(1)) or session.scalar(
             select(HostIncident.host).where(HostIncident.host == host).limit(1)
