@@ -76,7 +76,7 @@ def main() -> None:
     model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 32), IssuedLayer(device, spin)))
 
     # (unannotated: DDP checks the annotations, which this module's future import turns into strings)
-    def gradients_from_the_device(state, bucket):  # type: ignore[no-untyped-def]
+    def gradients_from_the_device(state, bucket):
         device.wait()
         return default_hooks.allreduce_hook(state, bucket)
 
