@@ -5,7 +5,7 @@ figures over the default period, all kept after raw step records are dropped by 
 Nothing is backfilled: hosts fill in as jobs are analysed after the upgrade (docs/hosts.md).
 
 Revision ID: 0011_hosts
-Revises: 0010
+Revises: 0011 (span_host)
 Create Date: 2026-11-28
 """
 
@@ -20,7 +20,7 @@ from sqlalchemy.dialects import postgresql
 JSON_TYPE = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 revision: str = "0011_hosts"
-down_revision: str | None = "0010"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
