@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
 import os
 import random
 import statistics
@@ -98,6 +100,7 @@ class Figures:
     errors: int = 0
     throttled: int = 0
     flush_seconds: list[float] = field(default_factory=list)
+    error_codes: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 class SimAgent:
@@ -134,7 +137,9 @@ class SimAgent:
         self.sent_steps = upto
         return b.SerializeToString()
 
-    async def run(self, target: str, start: float, stop: float, measure_from: float, figures: Figures) -> None:
+    async def run(
+        self, target: str, start: float, stop: float, measure_from: float, figures: Figures
+    ) -> None:
         cfg = self.config
         origin = time.time()
         t0 = time.perf_counter()
@@ -147,6 +152,14 @@ class SimAgent:
             window = asyncio.Semaphore(cfg.max_unacked_batches)
 
             async def read_acks() -> None:
+                try:
+                    await read_all()
+                except grpc.RpcError as exc:
+                    figures.errors += 1
+                    when = "after the end" if time.perf_counter() > stop else "while sending"
+                    figures.error_codes[f"{exc.code()}: {exc.details()} ({when})"] += 1
+
+            async def read_all() -> None:
                 async for ack in call:
                     at, steps = sent_at.pop(ack.seq)
                     window.release()
@@ -176,7 +189,11 @@ class SimAgent:
                         self.sent_steps = made - QUEUE_SIZE
                         queued = QUEUE_SIZE
                     held = now < self.hold_until
-                    due = queued and not held and (queued >= cfg.max_batch_records or now - last_records >= flush)
+                    due = (
+                        queued
+                        and not held
+                        and (queued >= cfg.max_batch_records or now - last_records >= flush)
+                    )
                     if due or now - last_sent >= heartbeat:
                         if window.locked() and due:
                             await asyncio.sleep(0.05)
@@ -198,9 +215,10 @@ class SimAgent:
                     await asyncio.sleep(max(0.001, min(wake, stop) - time.perf_counter()))
                 await call.done_writing()
                 await asyncio.wait_for(reader, timeout=30)
-            except (grpc.RpcError, asyncio.TimeoutError):
-                figures.errors += 1
-                reader.cancel()
+            except (TimeoutError, grpc.RpcError, asyncio.InvalidStateError):
+                reader.cancel()  # it counted the stream's error, if the stream had one
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
             if self.flush_seconds:
                 figures.flush_seconds.append(self.flush_seconds)
             figures.dropped += dropped
@@ -241,11 +259,14 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
         url = make_url(database_url)
         http, grpc_port = free_port(), free_port()
         env = {"SMON_ANALYSIS_INTERVAL": "3600", **dict(kv.split("=", 1) for kv in args.env)}
-        server = start_server(database_url, http, grpc_port, env)
+        log = Path(args.server_log) if args.server_log else None
+        server = start_server(database_url, http, grpc_port, env, log_path=log)
         conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
         try:
             agents = [
-                SimAgent(f"fleet-{a // RANKS_PER_JOB}", a % RANKS_PER_JOB, rng.uniform(*args.rates), tables, config)
+                SimAgent(
+                    f"fleet-{a // RANKS_PER_JOB}", a % RANKS_PER_JOB, rng.uniform(*args.rates), tables, config
+                )
                 for a in range(n)
             ]
             database = url.database or ""
@@ -269,6 +290,8 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
         finally:
             server.kill()
             server.wait(10)
+    if figures.error_codes:
+        print(f"  streams ended by errors: {dict(figures.error_codes)}")
     lat = sorted(figures.latencies) or [float("nan")]
     all_batches = max(1, sum(a.seq for a in agents))
     out = {
@@ -294,7 +317,9 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
         "sent_steps": sum(a.sent_steps for a in agents),
         "load": os.getloadavg()[0],
     }
-    out["ok"] = float(out["p99"] <= 1.0 and not figures.refused and not figures.dropped and not figures.errors)
+    out["ok"] = float(
+        out["p99"] <= 1.0 and not figures.refused and not figures.dropped and not figures.errors
+    )
     return out
 
 
@@ -305,13 +330,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
     parser.add_argument("--rates", type=float, nargs=2, default=(0.5, 5.0), help="steps/s, uniform")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server")
+    parser.add_argument("--server-log", default="", help="keep the server's output in this file")
     parser.add_argument("--stop-after-fail", action="store_true", help="stop at the first size that fails")
     args = parser.parse_args()
     config = AgentConfig()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    print(f"commit {commit.stdout.strip()}, load {os.getloadavg()}, flush {config.flush_interval} s, "
-          f"heartbeat {config.heartbeat_interval} s, rates {args.rates[0]}-{args.rates[1]} steps/s, "
-          f"{args.duration:.0f} s per size")
+    print(
+        f"commit {commit.stdout.strip()}, load {os.getloadavg()}, flush {config.flush_interval} s, "
+        f"heartbeat {config.heartbeat_interval} s, rates {args.rates[0]}-{args.rates[1]} steps/s, "
+        f"{args.duration:.0f} s per size"
+    )
     print(
         f"{'agents':>7} {'batch/s':>8} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'refused':>7} "
         f"{'dropped':>7} {'err':>4} {'flush s':>7} {'srv us/b':>8} {'pg us/b':>8} {'gen us/b':>8} "
