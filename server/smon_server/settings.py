@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     # fleet's records come in fewer, larger batches. A replica's cost is per batch, not per record
     # (docs/server.md "Fleet scale"). 0: never ask.
     ingest_batches_per_second: Annotated[float, Field(ge=0)] = 500.0
+    # Seconds a stored batch's dedup ledger row is kept (store/ledger.py); past it, a resend of
+    # the batch is still recognised by its agent's floor. An agent resends within minutes.
+    ingest_ledger_seconds: Annotated[float, Field(gt=0)] = 3600.0
     # Distinct jobs that may report at once (heard from within the hour) per ingest token, per
     # replica; a new job past it is refused (`too_many_jobs`). 0: no limit.
     ingest_max_jobs: Annotated[int, Field(ge=0)] = 10_000
