@@ -193,7 +193,7 @@ class IngestService:
 
     def _overload_seconds(self, waited: float) -> float:
         """How long to hold an agent back because batches wait too long to be committed."""
-        self._latency = 0.9 * self._latency + 0.1 * waited
+        self._latency = 0.7 * self._latency + 0.3 * waited
         if self._latency <= OVERLOAD_SECONDS:
             return 0.0
         self.stats.overloaded.inc()
