@@ -156,11 +156,16 @@ class SimAgent:
                     await read_all()
                 except grpc.RpcError as exc:
                     figures.errors += 1
-                    when = "after the end" if time.perf_counter() > stop else "while sending"
+                    late = time.perf_counter() - stop
+                    early = 5 * int(-late // 5)
+                    when = "after the end" if late > 0 else f"{early}-{early + 5} s before the end"
                     figures.error_codes[f"{exc.code()}: {exc.details()} ({when})"] += 1
 
             async def read_all() -> None:
                 async for ack in call:
+                    self.flush_seconds = ack.flush_seconds
+                    if not ack.seq:  # the server's word as the stream opens, no batch's Ack
+                        continue
                     at, steps = sent_at.pop(ack.seq)
                     window.release()
                     if at >= measure_from:
@@ -173,7 +178,6 @@ class SimAgent:
                         self.hold_until = max(
                             self.hold_until, time.perf_counter() + min(ack.throttle_seconds, 10.0)
                         )
-                    self.flush_seconds = ack.flush_seconds
 
             reader = asyncio.create_task(read_acks())
             await asyncio.sleep(max(0.0, start - time.perf_counter()))

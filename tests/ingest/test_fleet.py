@@ -3,11 +3,13 @@ real shippers (smon/shipper.py) against a real server on loopback gRPC and the t
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import grpc
 import pytest
 from sqlalchemy import func, select
 
@@ -16,6 +18,7 @@ from smon.errors import ErrorCounter
 from smon.record_queue import RecordQueue
 from smon.shipper import Shipper
 from smon.v1 import ingest_pb2 as pb
+from smon.v1 import ingest_pb2_grpc as pb_grpc
 from smon_server.ingest import commits
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Job, StepRecord
@@ -112,3 +115,25 @@ def test_batches_waiting_over_a_second_to_commit_make_acks_throttle(
         assert metric(server, "smon_ingest_overloaded_acks_total") > 0
         assert dropped == [0] * 3
         assert stored(server, job) == 3 * steps
+
+
+def test_a_replica_past_its_size_says_so_as_a_stream_opens(database_url: str) -> None:
+    """Before any batch (an Ack of seq 0): a fleet that starts at once learns its flush interval
+    without waiting for Acks queued behind its own first batches."""
+    settings = server_settings(database_url, ingest_batches_per_second=0.5, analysis_interval=3600)
+    with BackgroundServer(settings) as server, grpc.insecure_channel(server.grpc_target) as channel:
+        requests: queue.Queue[pb.Batch | None] = queue.Queue()
+
+        def feed() -> Iterator[pb.Batch]:
+            while (item := requests.get()) is not None:
+                yield item
+
+        acks = pb_grpc.IngestStub(channel).Stream(feed())
+        hello = next(acks)
+        assert (hello.seq, hello.flush_seconds, hello.accepted) == (0, 2.0, 0)
+        job = f.new_job_id("hello")
+        requests.put(f.batch(job, 0, 1, seq=1, steps=f.dp_job_steps(1, range(3))[0]))
+        ack = next(acks)
+        assert (ack.seq, ack.accepted, ack.flush_seconds) == (1, 3, 2.0)
+        requests.put(None)
+        assert list(acks) == []

@@ -124,6 +124,11 @@ class IngestService:
         self.streams += 1
         self.stats.streams.set(self.streams)
         try:
+            if flush := self.flush_seconds():
+                # Past its size, the replica says so as the stream opens (an Ack of no batch, seq
+                # 0): a fleet starting at once would otherwise send a second's batches each until
+                # their first Acks come back, behind the very backlog they make.
+                yield pb.Ack(flush_seconds=flush, step_tables=True)
             async for ack in self._stream(requests, context):
                 yield ack
         finally:
