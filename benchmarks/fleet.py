@@ -16,7 +16,8 @@ per batch, not per record, decides how many ranks one replica serves. Each simul
   as one `StepTable`, on its own gRPC channel and stream.
 Each N runs for `--duration` seconds (after `--warmup`, whose batches are not counted) on a fresh
 server and database. Reported per N: batches and steps acked per second, send->Ack p50 / p99,
-refused (rejections, stream errors) and dropped (an agent's queue full) records, CPU per batch of
+refused (rejections), dropped (an agent's queue full) and lost (never acked by the end) records,
+streams reopened after an error, CPU per batch of
 the server, PostgreSQL's backends and this load generator, and bytes per stored step with every
 table included. The largest N with p99 <= 1 s and nothing refused or dropped is printed last.
 
@@ -40,6 +41,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -52,7 +54,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.bench_db import fresh_database  # noqa: E402
 from benchmarks.ingest import backends_of, cpu_seconds  # noqa: E402
 from smon.config import AgentConfig  # noqa: E402
-from smon.shipper import CHANNEL_OPTIONS, flush_policy  # noqa: E402
+from smon.shipper import CHANNEL_OPTIONS, MAX_THROTTLE_SECONDS, backoff_delay, flush_policy  # noqa: E402
 from smon.table import to_table  # noqa: E402
 from smon.v1 import ingest_pb2 as pb  # noqa: E402
 from tests import factories as f  # noqa: E402
@@ -97,10 +99,12 @@ class Figures:
     steps: int = 0
     refused: int = 0
     dropped: int = 0
-    errors: int = 0
     throttled: int = 0
     flush_seconds: list[float] = field(default_factory=list)
     error_codes: collections.Counter[str] = field(default_factory=collections.Counter)
+    reconnects: int = 0
+    resent: int = 0
+    lost: int = 0  # steps in batches never acked by the end
 
 
 class SimAgent:
@@ -140,89 +144,109 @@ class SimAgent:
     async def run(
         self, target: str, start: float, stop: float, measure_from: float, figures: Figures
     ) -> None:
+        """Steps, batches and Acks until `stop`, then up to 30 s to have every batch acked. A
+        stream that fails is opened again after the shipper's backoff, and the unacked batches
+        are resent first (the server stores each once), as smon/shipper.py does."""
         cfg = self.config
         origin = time.time()
         t0 = time.perf_counter()
+        unacked: dict[int, tuple[bytes, float, int]] = {}  # seq -> (payload, first sent, steps)
+
+        def on_ack(ack: pb.Ack) -> None:
+            self.flush_seconds = ack.flush_seconds
+            entry = unacked.pop(ack.seq, None)  # seq 0: the server's word as the stream opens
+            if entry is None:
+                return
+            _, at, steps = entry
+            if at >= measure_from:
+                figures.latencies.append(time.perf_counter() - at)
+                figures.batches += 1
+                figures.steps += steps
+                figures.refused += ack.rejected
+            if ack.throttle_seconds > 0:
+                figures.throttled += 1
+                hold = min(ack.throttle_seconds, MAX_THROTTLE_SECONDS)
+                self.hold_until = max(self.hold_until, time.perf_counter() + hold)
+
+        async def read_acks(call: Any) -> None:
+            try:
+                async for ack in call:
+                    on_ack(ack)
+            except grpc.RpcError as exc:
+                late = time.perf_counter() - stop
+                early = 5 * int(-late // 5)
+                when = "after the end" if late > 0 else f"{early}-{early + 5} s before the end"
+                figures.error_codes[f"{exc.code()}: {exc.details()} ({when})"] += 1
+
         async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-            stream = channel.stream_stream(
+            method = channel.stream_stream(
                 "/smon.v1.Ingest/Stream", request_serializer=None, response_deserializer=pb.Ack.FromString
             )
-            call = stream()
-            sent_at: dict[int, tuple[float, int]] = {}
-            window = asyncio.Semaphore(cfg.max_unacked_batches)
+            call: Any = None
+            failures = 0
 
-            async def read_acks() -> None:
-                try:
-                    await read_all()
-                except grpc.RpcError as exc:
-                    figures.errors += 1
-                    late = time.perf_counter() - stop
-                    early = 5 * int(-late // 5)
-                    when = "after the end" if late > 0 else f"{early}-{early + 5} s before the end"
-                    figures.error_codes[f"{exc.code()}: {exc.details()} ({when})"] += 1
+            async def open_stream() -> asyncio.Task[None]:
+                nonlocal call, failures
+                if call is not None:
+                    figures.reconnects += 1
+                    failures += 1
+                    await asyncio.sleep(backoff_delay(failures, cfg.backoff_base, cfg.backoff_cap))
+                call = method()
+                reader = asyncio.create_task(read_acks(call))
+                with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                    for payload, _, _ in list(unacked.values()):
+                        figures.resent += 1
+                        await call.write(payload)
+                return reader
 
-            async def read_all() -> None:
-                async for ack in call:
-                    self.flush_seconds = ack.flush_seconds
-                    if not ack.seq:  # the server's word as the stream opens, no batch's Ack
-                        continue
-                    at, steps = sent_at.pop(ack.seq)
-                    window.release()
-                    if at >= measure_from:
-                        figures.latencies.append(time.perf_counter() - at)
-                        figures.batches += 1
-                        figures.steps += steps
-                        figures.refused += ack.rejected
-                    if ack.throttle_seconds > 0:
-                        figures.throttled += 1
-                        self.hold_until = max(
-                            self.hold_until, time.perf_counter() + min(ack.throttle_seconds, 10.0)
-                        )
-
-            reader = asyncio.create_task(read_acks())
             await asyncio.sleep(max(0.0, start - time.perf_counter()))
+            reader = await open_stream()
             last_sent = last_records = time.perf_counter()
             dropped = 0
-            try:
-                while (now := time.perf_counter()) < stop:
-                    flush, heartbeat = flush_policy(cfg, self.flush_seconds)
-                    made = self.steps_made(now - t0)
-                    queued = made - self.sent_steps
-                    if queued > QUEUE_SIZE:  # the bounded queue drops its oldest
-                        dropped += queued - QUEUE_SIZE
-                        self.sent_steps = made - QUEUE_SIZE
-                        queued = QUEUE_SIZE
-                    held = now < self.hold_until
-                    due = (
-                        queued
-                        and not held
-                        and (queued >= cfg.max_batch_records or now - last_records >= flush)
-                    )
-                    if due or now - last_sent >= heartbeat:
-                        if window.locked() and due:
-                            await asyncio.sleep(0.05)
-                            continue
-                        await window.acquire()
-                        upto = min(made, self.sent_steps + cfg.max_batch_records) if due else self.sent_steps
-                        sent_at[self.seq + 1] = (now, upto - self.sent_steps)
-                        payload = self.batch(time.time(), origin, upto, dropped)
-                        await call.write(payload)
-                        last_sent = now
-                        if due:
-                            last_records = now
+            while (now := time.perf_counter()) < stop:
+                if reader.done():
+                    reader = await open_stream()
+                    continue
+                flush, heartbeat = flush_policy(cfg, self.flush_seconds)
+                made = self.steps_made(now - t0)
+                queued = made - self.sent_steps
+                if queued > QUEUE_SIZE:  # the bounded queue drops its oldest
+                    dropped += queued - QUEUE_SIZE
+                    self.sent_steps = made - QUEUE_SIZE
+                    queued = QUEUE_SIZE
+                held = now < self.hold_until
+                due = queued and not held and (queued >= cfg.max_batch_records or now - last_records >= flush)
+                if due or now - last_sent >= heartbeat:
+                    if len(unacked) >= cfg.max_unacked_batches:
+                        await asyncio.sleep(0.05)
                         continue
-                    wake = min(last_sent + heartbeat, (last_records + flush) if queued else float("inf"))
-                    if queued and held:
-                        wake = min(wake, self.hold_until)
-                    if not queued:
-                        wake = min(wake, t0 + (self.sent_steps + 1) / self.rate)
-                    await asyncio.sleep(max(0.001, min(wake, stop) - time.perf_counter()))
+                    upto = min(made, self.sent_steps + cfg.max_batch_records) if due else self.sent_steps
+                    steps = upto - self.sent_steps
+                    payload = self.batch(time.time(), origin, upto, dropped)
+                    unacked[self.seq] = (payload, now, steps)
+                    with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                        await call.write(payload)  # a failed stream is noticed by its reader
+                    last_sent = now
+                    if due:
+                        last_records = now
+                    continue
+                wake = min(last_sent + heartbeat, (last_records + flush) if queued else float("inf"))
+                if queued and held:
+                    wake = min(wake, self.hold_until)
+                if not queued:
+                    wake = min(wake, t0 + (self.sent_steps + 1) / self.rate)
+                await asyncio.sleep(max(0.001, min(wake, stop, now + 0.5) - time.perf_counter()))
+            deadline = time.perf_counter() + 30.0
+            while unacked and time.perf_counter() < deadline:
+                if reader.done():
+                    reader = await open_stream()
+                await asyncio.sleep(0.05)
+            with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
                 await call.done_writing()
-                await asyncio.wait_for(reader, timeout=30)
-            except (TimeoutError, grpc.RpcError, asyncio.InvalidStateError):
-                reader.cancel()  # it counted the stream's error, if the stream had one
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reader
+            figures.lost += sum(n for _, _, n in unacked.values())
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
             if self.flush_seconds:
                 figures.flush_seconds.append(self.flush_seconds)
             figures.dropped += dropped
@@ -295,7 +319,10 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
             server.kill()
             server.wait(10)
     if figures.error_codes:
-        print(f"  streams ended by errors: {dict(figures.error_codes)}")
+        print(
+            f"  streams ended by errors (then reopened, unacked batches resent): "
+            f"{dict(figures.error_codes)}; {figures.resent} batches resent"
+        )
     lat = sorted(figures.latencies) or [float("nan")]
     all_batches = max(1, sum(a.seq for a in agents))
     out = {
@@ -306,7 +333,8 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
         "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
         "refused": figures.refused,
         "dropped": figures.dropped,
-        "errors": figures.errors,
+        "lost": figures.lost,
+        "reconnects": figures.reconnects,
         "throttled": figures.throttled,
         "flush": statistics.median(figures.flush_seconds) if figures.flush_seconds else config.flush_interval,
         "cpu_server": cpu["server"] / all_batches * 1e6,
@@ -321,9 +349,7 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
         "sent_steps": sum(a.sent_steps for a in agents),
         "load": os.getloadavg()[0],
     }
-    out["ok"] = float(
-        out["p99"] <= 1.0 and not figures.refused and not figures.dropped and not figures.errors
-    )
+    out["ok"] = float(out["p99"] <= 1.0 and not figures.refused and not figures.dropped and not figures.lost)
     return out
 
 
@@ -346,7 +372,8 @@ def main() -> None:
     )
     print(
         f"{'agents':>7} {'batch/s':>8} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'refused':>7} "
-        f"{'dropped':>7} {'err':>4} {'flush s':>7} {'srv us/b':>8} {'pg us/b':>8} {'gen us/b':>8} "
+        f"{'dropped':>7} {'lost':>5} {'recon':>5} {'flush s':>7} "
+        f"{'srv us/b':>8} {'pg us/b':>8} {'gen us/b':>8} "
         f"{'srv cores':>9} {'pg cores':>8} {'gen cores':>9} {'B/step':>7} {'ledger':>6} {'load':>5}"
     )
     best = 0
@@ -354,7 +381,8 @@ def main() -> None:
         r = one_level(n, args, config)
         print(
             f"{n:>7} {r['batches_s']:>8,.0f} {r['steps_s']:>8,.0f} {r['p50'] * 1000:>7.0f} "
-            f"{r['p99'] * 1000:>7.0f} {r['refused']:>7.0f} {r['dropped']:>7.0f} {r['errors']:>4.0f} "
+            f"{r['p99'] * 1000:>7.0f} {r['refused']:>7.0f} {r['dropped']:>7.0f} "
+            f"{r['lost']:>5.0f} {r['reconnects']:>5.0f} "
             f"{r['flush']:>7.2f} {r['cpu_server']:>8.0f} {r['cpu_pg']:>8.0f} {r['cpu_client']:>8.0f} "
             f"{r['cores_server']:>9.2f} {r['cores_pg']:>8.2f} {r['cores_client']:>9.2f} "
             f"{r['bytes_step']:>7.0f} {r['ledger_step']:>6.0f} {r['load']:>5.1f}",
