@@ -280,7 +280,7 @@ def stored_bytes(conninfo: str) -> tuple[int, int, dict[str, int]]:
     return sum(by_table.values()), int(steps[0]) if steps else 0, by_table
 
 
-def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str, float]:
+def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str, Any]:
     rng = random.Random(n)
     tables = StepTables()
     with fresh_database("smon_bench_fleet") as database_url:
@@ -345,6 +345,8 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
         "cores_client": cpu["client"] / wall,
         "bytes_step": size / max(stored, 1),
         "ledger_step": by_table.get("ingested_batches", 0) / max(stored, 1),
+        "pruned_step": (size - by_table.get("ingested_batches", 0)) / max(stored, 1),
+        "tables": {k: v / max(stored, 1) for k, v in sorted(by_table.items(), key=lambda kv: -kv[1])[:6]},
         "stored": stored,
         "sent_steps": sum(a.sent_steps for a in agents),
         "load": os.getloadavg()[0],
@@ -387,6 +389,12 @@ def main() -> None:
             f"{r['cores_server']:>9.2f} {r['cores_pg']:>8.2f} {r['cores_client']:>9.2f} "
             f"{r['bytes_step']:>7.0f} {r['ledger_step']:>6.0f} {r['load']:>5.1f}",
             flush=True,
+        )
+        tables = ", ".join(f"{k} {v:.0f}" for k, v in r["tables"].items())
+        print(
+            f"  bytes/step {r['bytes_step']:.0f} as ingested, {r['pruned_step']:.0f} once the dedup "
+            "ledger is pruned (it keeps SMON_INGEST_LEDGER_SECONDS of batches, not the retention's); "
+            f"by table: {tables}"
         )
         if r["ok"]:
             best = max(best, n)
