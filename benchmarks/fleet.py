@@ -142,7 +142,7 @@ class SimAgent:
         return b.SerializeToString()
 
     async def run(
-        self, target: str, start: float, stop: float, measure_from: float, figures: Figures
+        self, channel: grpc.aio.Channel, start: float, stop: float, measure_from: float, figures: Figures
     ) -> None:
         """Steps, batches and Acks until `stop`, then up to 30 s to have every batch acked. A
         stream that fails is opened again after the shipper's backoff, and the unacked batches
@@ -178,92 +178,107 @@ class SimAgent:
                 when = "after the end" if late > 0 else f"{early}-{early + 5} s before the end"
                 figures.error_codes[f"{exc.code()}: {exc.details()} ({when})"] += 1
 
-        async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-            method = channel.stream_stream(
-                "/smon.v1.Ingest/Stream", request_serializer=None, response_deserializer=pb.Ack.FromString
-            )
-            call: Any = None
-            failures = 0
+        method = channel.stream_stream(
+            "/smon.v1.Ingest/Stream", request_serializer=None, response_deserializer=pb.Ack.FromString
+        )
+        call: Any = None
+        failures = 0
 
-            async def open_stream() -> asyncio.Task[None]:
-                nonlocal call, failures
-                if call is not None:
-                    figures.reconnects += 1
-                    failures += 1
-                    await asyncio.sleep(backoff_delay(failures, cfg.backoff_base, cfg.backoff_cap))
-                call = method()
-                reader = asyncio.create_task(read_acks(call))
-                with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-                    for payload, _, _ in list(unacked.values()):
-                        figures.resent += 1
-                        await call.write(payload)
-                return reader
-
-            await asyncio.sleep(max(0.0, start - time.perf_counter()))
-            reader = await open_stream()
-            last_sent = last_records = time.perf_counter()
-            dropped = 0
-            while (now := time.perf_counter()) < stop:
-                if reader.done():
-                    reader = await open_stream()
-                    continue
-                flush, heartbeat = flush_policy(cfg, self.flush_seconds)
-                made = self.steps_made(now - t0)
-                queued = made - self.sent_steps
-                if queued > QUEUE_SIZE:  # the bounded queue drops its oldest
-                    dropped += queued - QUEUE_SIZE
-                    self.sent_steps = made - QUEUE_SIZE
-                    queued = QUEUE_SIZE
-                held = now < self.hold_until
-                due = queued and not held and (queued >= cfg.max_batch_records or now - last_records >= flush)
-                if due or now - last_sent >= heartbeat:
-                    if len(unacked) >= cfg.max_unacked_batches:
-                        await asyncio.sleep(0.05)
-                        continue
-                    upto = min(made, self.sent_steps + cfg.max_batch_records) if due else self.sent_steps
-                    steps = upto - self.sent_steps
-                    payload = self.batch(time.time(), origin, upto, dropped)
-                    unacked[self.seq] = (payload, now, steps)
-                    with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-                        await call.write(payload)  # a failed stream is noticed by its reader
-                    last_sent = now
-                    if due:
-                        last_records = now
-                    continue
-                wake = min(last_sent + heartbeat, (last_records + flush) if queued else float("inf"))
-                if queued and held:
-                    wake = min(wake, self.hold_until)
-                if not queued:
-                    wake = min(wake, t0 + (self.sent_steps + 1) / self.rate)
-                await asyncio.sleep(max(0.001, min(wake, stop, now + 0.5) - time.perf_counter()))
-            deadline = time.perf_counter() + 30.0
-            while unacked and time.perf_counter() < deadline:
-                if reader.done():
-                    reader = await open_stream()
-                await asyncio.sleep(0.05)
+        async def open_stream() -> asyncio.Task[None]:
+            nonlocal call, failures
+            if call is not None:
+                figures.reconnects += 1
+                failures += 1
+                await asyncio.sleep(backoff_delay(failures, cfg.backoff_base, cfg.backoff_cap))
+            call = method()
+            reader = asyncio.create_task(read_acks(call))
             with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-                await call.done_writing()
-            figures.lost += sum(n for _, _, n in unacked.values())
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-            if self.flush_seconds:
-                figures.flush_seconds.append(self.flush_seconds)
-            figures.dropped += dropped
+                for payload, _, _ in list(unacked.values()):
+                    figures.resent += 1
+                    await call.write(payload)
+            return reader
+
+        await asyncio.sleep(max(0.0, start - time.perf_counter()))
+        reader = await open_stream()
+        last_sent = last_records = time.perf_counter()
+        dropped = 0
+        while (now := time.perf_counter()) < stop:
+            if reader.done():
+                reader = await open_stream()
+                continue
+            flush, heartbeat = flush_policy(cfg, self.flush_seconds)
+            made = self.steps_made(now - t0)
+            queued = made - self.sent_steps
+            if queued > QUEUE_SIZE:  # the bounded queue drops its oldest
+                dropped += queued - QUEUE_SIZE
+                self.sent_steps = made - QUEUE_SIZE
+                queued = QUEUE_SIZE
+            held = now < self.hold_until
+            due = queued and not held and (queued >= cfg.max_batch_records or now - last_records >= flush)
+            if due or now - last_sent >= heartbeat:
+                if len(unacked) >= cfg.max_unacked_batches:
+                    await asyncio.sleep(0.05)
+                    continue
+                upto = min(made, self.sent_steps + cfg.max_batch_records) if due else self.sent_steps
+                steps = upto - self.sent_steps
+                payload = self.batch(time.time(), origin, upto, dropped)
+                unacked[self.seq] = (payload, now, steps)
+                with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                    await call.write(payload)  # a failed stream is noticed by its reader
+                last_sent = now
+                if due:
+                    last_records = now
+                continue
+            wake = min(last_sent + heartbeat, (last_records + flush) if queued else float("inf"))
+            if queued and held:
+                wake = min(wake, self.hold_until)
+            if not queued:
+                wake = min(wake, t0 + (self.sent_steps + 1) / self.rate)
+            await asyncio.sleep(max(0.001, min(wake, stop, now + 0.5) - time.perf_counter()))
+        deadline = time.perf_counter() + 30.0
+        while unacked and time.perf_counter() < deadline:
+            if reader.done():
+                reader = await open_stream()
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+            await call.done_writing()
+        figures.lost += sum(n for _, _, n in unacked.values())
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        if self.flush_seconds:
+            figures.flush_seconds.append(self.flush_seconds)
+        figures.dropped += dropped
 
 
-async def fleet(target: str, agents: list[SimAgent], duration: float, warmup: float) -> Figures:
+async def fleet(
+    target: str, agents: list[SimAgent], duration: float, warmup: float, per_channel: int
+) -> Figures:
+    """All agents at once, starts spread over one flush interval as a fleet's ranks are; each
+    `per_channel` agents share a channel (a connection), each agent its own stream."""
     figures = Figures()
     start = time.perf_counter() + 1.0
     stop = start + warmup + duration
-    # Starts spread over one flush interval, as a fleet's ranks are.
     spread = agents[0].config.flush_interval if agents else 1.0
-    await asyncio.gather(
-        *(
-            a.run(target, start + spread * i / len(agents), stop, start + warmup, figures)
-            for i, a in enumerate(agents)
+    channels = [
+        grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in range(0, len(agents), per_channel)
+    ]
+    try:
+        await asyncio.gather(
+            *(
+                a.run(
+                    channels[i // per_channel],
+                    start + spread * i / len(agents),
+                    stop,
+                    start + warmup,
+                    figures,
+                )
+                for i, a in enumerate(agents)
+            )
         )
-    )
+    finally:
+        for channel in channels:
+            await channel.close()
     return figures
 
 
@@ -305,7 +320,9 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
             }
             seen = set(backends_of(database))
             started = time.perf_counter()
-            figures = asyncio.run(fleet(f"127.0.0.1:{grpc_port}", agents, args.duration, args.warmup))
+            figures = asyncio.run(
+                fleet(f"127.0.0.1:{grpc_port}", agents, args.duration, args.warmup, args.per_channel)
+            )
             wall = time.perf_counter() - started
             seen |= set(backends_of(database))
             cpu = {
@@ -362,6 +379,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
     parser.add_argument("--rates", type=float, nargs=2, default=(0.5, 5.0), help="steps/s, uniform")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server")
+    parser.add_argument(
+        "--per-channel",
+        type=int,
+        default=1,
+        help="agents sharing one channel (1: a connection each, as ranks)",
+    )
     parser.add_argument("--server-log", default="", help="keep the server's output in this file")
     parser.add_argument("--stop-after-fail", action="store_true", help="stop at the first size that fails")
     args = parser.parse_args()
@@ -370,7 +393,7 @@ def main() -> None:
     print(
         f"commit {commit.stdout.strip()}, load {os.getloadavg()}, flush {config.flush_interval} s, "
         f"heartbeat {config.heartbeat_interval} s, rates {args.rates[0]}-{args.rates[1]} steps/s, "
-        f"{args.duration:.0f} s per size"
+        f"{args.duration:.0f} s per size, {args.per_channel} agent(s) a connection"
     )
     print(
         f"{'agents':>7} {'batch/s':>8} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'refused':>7} "
