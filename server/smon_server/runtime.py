@@ -65,6 +65,7 @@ async def serve(
         max_pending_records=settings.ingest_pending_records,
         stall_seconds=settings.stall_seconds,
         writers=settings.ingest_writers,
+        linger_seconds=settings.ingest_linger_seconds,
     )
     committer.start()
     service = IngestService(

@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     ingest_pending_records: Annotated[int, Field(gt=0)] = 200_000
     # Writer threads, each with its own connection, on PostgreSQL (SQLite: one).
     ingest_writers: Annotated[int, Field(gt=0)] = 2
+    # Seconds a writer waits for more batches after the first of a group (ingest/commits.py): at
+    # a fleet's many small batches a second, a group's own cost is then shared by many batches.
+    ingest_linger_seconds: Annotated[float, Field(ge=0, le=1)] = 0.05
     # Records per second one agent may send before its Acks ask it to hold back (and, past twice
     # its 10 s burst, its batches are refused: ingest/limits.py). 0: no limit. A rank sends a few.
     ingest_agent_records_per_second: Annotated[float, Field(ge=0)] = 5_000.0
