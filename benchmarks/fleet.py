@@ -120,7 +120,6 @@ class SimAgent:
         self.sent_steps = 0  # steps taken into batches so far
         self.flush_seconds = 0.0  # what the server's Acks ask for (0: the config's)
         self.hold_until = 0.0
-        self.dephase = False
 
     def steps_made(self, elapsed: float) -> int:
         return int(elapsed * self.rate)
@@ -154,8 +153,6 @@ class SimAgent:
         unacked: dict[int, tuple[bytes, float, int]] = {}  # seq -> (payload, first sent, steps)
 
         def on_ack(ack: pb.Ack) -> None:
-            if ack.flush_seconds > max(self.flush_seconds, cfg.flush_interval):
-                self.dephase = True  # as the shipper: the next interval starts at a random point
             self.flush_seconds = ack.flush_seconds
             entry = unacked.pop(ack.seq, None)  # seq 0: the server's word as the stream opens
             if entry is None:
@@ -210,9 +207,6 @@ class SimAgent:
                 reader = await open_stream()
                 continue
             flush, heartbeat = flush_policy(cfg, self.flush_seconds)
-            if self.dephase:
-                self.dephase = False
-                last_sent = last_records = now - random.uniform(0.0, flush)
             made = self.steps_made(now - t0)
             queued = made - self.sent_steps
             if queued > QUEUE_SIZE:  # the bounded queue drops its oldest

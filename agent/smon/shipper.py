@@ -169,7 +169,6 @@ class Shipper:
         self._failures = 0
         self._hold_until = 0.0  # monotonic time before which records are held back (throttle)
         self.flush_seconds = 0.0  # the flush interval the server's last Ack asked for (0: none)
-        self._dephase = False  # that interval grew: start the next one at a random point of it
         self.throttled = 0  # Acks that asked this agent to hold back
 
     # -- public --------------------------------------------------------------------------------
@@ -435,8 +434,6 @@ class Shipper:
             self._in_doubt.discard(ack.seq)
             if entry is not None:
                 self.acked_batches += 1
-            if ack.flush_seconds > max(self.flush_seconds, self._config.flush_interval):
-                self._dephase = True
             self.flush_seconds = ack.flush_seconds
             if ack.throttle_seconds > 0:
                 self.throttled += 1
@@ -483,11 +480,6 @@ class Shipper:
             now = time.monotonic()
             batch: pb.Batch | None = None
             flush_interval, heartbeat_interval = flush_policy(cfg, self.flush_seconds)
-            if self._dephase:
-                # Ranks that started together would otherwise all flush in the same second of
-                # each longer interval: the replica would get its 10 s of batches at once.
-                self._dephase = False
-                last_sent = last_records_sent = now - random.uniform(0.0, flush_interval)
             wait = heartbeat_interval - (now - last_sent)
             try:
                 closing = self._closing.is_set()
