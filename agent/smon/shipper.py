@@ -16,6 +16,9 @@ Delivery rules (DESIGN §4, §8):
   drops its oldest when full (counted in AgentCounters.dropped_records).
 - An Ack with `throttle_seconds` (the server's writes are behind) holds records back that long
   (capped); they then go out in fewer, larger batches. Heartbeats and close() are not held.
+- An Ack's `flush_seconds` (a server serving more agents than it takes batches a second) makes
+  the shipper flush and heartbeat no more often than that, at most MAX_FLUSH_SECONDS; the server
+  may send it before any batch, in an Ack of seq 0.
 - close() flushes for at most `flush_timeout` seconds, then gives up and says what was lost. Its
   last batch carries `final = true` (the server then knows this agent ended rather than died);
   close waits for that ack only while a connection is up, so an absent server costs no exit delay
