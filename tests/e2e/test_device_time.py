@@ -69,6 +69,8 @@ def test_a_kernel_the_host_hides_costs_nothing_and_one_past_its_slack_is_measure
     assert hidden_time == pytest.approx(clean_time, rel=0.05)
     assert hidden["slowdown"] <= max(1.03, clean["slowdown"] + 0.03), (brief(hidden), brief(clean))
     assert hidden["stragglers"] == [], brief(hidden)
+    notes = {n["kind"]: n for n in hidden["data_quality_notes"]}
+    assert notes["device_time_behind_host"]["count"] > 0  # the summary says how it read them
     fast, slow = forward_means(live_server, hidden["job_id"])
     # The forward phase shown is still the device's: rank 1's ends when its kernels do, 15 ms in,
     # 3 ms past the host's 12 ms of issuing it (rank 0's ends with the host's).
