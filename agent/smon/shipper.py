@@ -16,6 +16,9 @@ Delivery rules (DESIGN §4, §8):
   drops its oldest when full (counted in AgentCounters.dropped_records).
 - An Ack with `throttle_seconds` (the server's writes are behind) holds records back that long
   (capped); they then go out in fewer, larger batches. Heartbeats and close() are not held.
+- An Ack's `flush_seconds` (a server serving more agents than it takes batches a second) makes
+  the shipper flush and heartbeat no more often than that, at most MAX_FLUSH_SECONDS; the server
+  may send it before any batch, in an Ack of seq 0.
 - close() flushes for at most `flush_timeout` seconds, then gives up and says what was lost. Its
   last batch carries `final = true` (the server then knows this agent ended rather than died);
   close waits for that ack only while a connection is up, so an absent server costs no exit delay
@@ -68,6 +71,9 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 MAX_THROTTLE_SECONDS = 10.0
+# The longest flush interval a server may ask for (Ack.flush_seconds): with the analysis interval
+# (10 s) on top, a straggler is still flagged within 30 s.
+MAX_FLUSH_SECONDS = 10.0
 # For a while after a throttle, batches may hold this many times max_batch_records (the server
 # accepts 10,000 records per batch by default; 4 x 256 stays well inside).
 THROTTLED_BATCH_FACTOR = 4
@@ -87,6 +93,14 @@ def _says_unstored(exc: grpc.RpcError) -> bool:
     except Exception:
         return False
     return any(tuple(pair) == UNSTORED_METADATA for pair in trailing or ())
+
+
+def flush_policy(config: AgentConfig, asked: float) -> tuple[float, float]:
+    """(flush interval, heartbeat interval) in seconds: the configured ones, stretched to what the
+    server's last Ack asked for (a server that serves more agents than it takes batches a second
+    asks each to flush less often; the records then travel in fewer, larger batches), capped."""
+    asked = min(max(asked, 0.0), MAX_FLUSH_SECONDS) if asked == asked else 0.0  # NaN: ignored
+    return max(config.flush_interval, asked), max(config.heartbeat_interval, asked)
 
 
 def backoff_delay(failures: int, base: float, cap: float, rng: Callable[[], float] = random.random) -> float:
@@ -157,6 +171,7 @@ class Shipper:
         self._thread: threading.Thread | None = None
         self._failures = 0
         self._hold_until = 0.0  # monotonic time before which records are held back (throttle)
+        self.flush_seconds = 0.0  # the flush interval the server's last Ack asked for (0: none)
         self.throttled = 0  # Acks that asked this agent to hold back
 
     # -- public --------------------------------------------------------------------------------
@@ -422,6 +437,7 @@ class Shipper:
             self._in_doubt.discard(ack.seq)
             if entry is not None:
                 self.acked_batches += 1
+            self.flush_seconds = ack.flush_seconds
             if ack.throttle_seconds > 0:
                 self.throttled += 1
                 hold = min(ack.throttle_seconds, MAX_THROTTLE_SECONDS)
@@ -466,7 +482,8 @@ class Shipper:
         while not (session.ended.is_set() or self._stop.is_set()):
             now = time.monotonic()
             batch: pb.Batch | None = None
-            wait = cfg.heartbeat_interval - (now - last_sent)
+            flush_interval, heartbeat_interval = flush_policy(cfg, self.flush_seconds)
+            wait = heartbeat_interval - (now - last_sent)
             try:
                 closing = self._closing.is_set()
                 has_records = len(self._records) > 0
@@ -478,7 +495,7 @@ class Shipper:
                     and (
                         closing
                         or len(self._records) >= self._batch_limit()
-                        or now - last_records_sent >= cfg.flush_interval
+                        or now - last_records_sent >= flush_interval
                     )
                 )
                 if (
@@ -496,7 +513,7 @@ class Shipper:
                     if window_open:
                         last_records_sent = now
                 elif has_records and window_open:
-                    wait = min(wait, cfg.flush_interval - (now - last_records_sent))
+                    wait = min(wait, flush_interval - (now - last_records_sent))
                 elif has_records and held:
                     wait = min(wait, self._hold_until - now)
                 if now - self._clock_checked_at >= cfg.clock_refresh_interval:

@@ -65,6 +65,7 @@ async def serve(
         max_pending_records=settings.ingest_pending_records,
         stall_seconds=settings.stall_seconds,
         writers=settings.ingest_writers,
+        linger_seconds=settings.ingest_linger_seconds,
     )
     committer.start()
     service = IngestService(
@@ -79,6 +80,7 @@ async def serve(
         token=settings.ingest_token,
         rates=AgentRates(settings.ingest_agent_records_per_second),
         jobs=ActiveJobs(settings.ingest_max_jobs),
+        batches_per_second=settings.ingest_batches_per_second,
     )
     grpc_server = make_grpc_server(service, max_message_bytes=settings.max_message_bytes)
     address = f"{settings.grpc_host}:{settings.grpc_port}"

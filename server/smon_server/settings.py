@@ -94,9 +94,20 @@ class Settings(BaseSettings):
     ingest_pending_records: Annotated[int, Field(gt=0)] = 200_000
     # Writer threads, each with its own connection, on PostgreSQL (SQLite: one).
     ingest_writers: Annotated[int, Field(gt=0)] = 2
+    # Seconds a writer waits for more batches after the first of a group (ingest/commits.py): at
+    # a fleet's many small batches a second, a group's own cost is then shared by many batches.
+    ingest_linger_seconds: Annotated[float, Field(ge=0, le=1)] = 0.05
     # Records per second one agent may send before its Acks ask it to hold back (and, past twice
     # its 10 s burst, its batches are refused: ingest/limits.py). 0: no limit. A rank sends a few.
     ingest_agent_records_per_second: Annotated[float, Field(ge=0)] = 5_000.0
+    # Batches a second one replica takes before its Acks ask agents to flush less often:
+    # Ack.flush_seconds = open agent streams / this (at most smon.shipper.MAX_FLUSH_SECONDS), so a
+    # fleet's records come in fewer, larger batches. A replica's cost is per batch, not per record
+    # (docs/server.md "Fleet scale"). 0: never ask.
+    ingest_batches_per_second: Annotated[float, Field(ge=0)] = 500.0
+    # Seconds a stored batch's dedup ledger row is kept (store/ledger.py); past it, a resend of
+    # the batch is still recognised by its agent's floor. An agent resends within minutes.
+    ingest_ledger_seconds: Annotated[float, Field(gt=0)] = 3600.0
     # Distinct jobs that may report at once (heard from within the hour) per ingest token, per
     # replica; a new job past it is refused (`too_many_jobs`). 0: no limit.
     ingest_max_jobs: Annotated[int, Field(ge=0)] = 10_000

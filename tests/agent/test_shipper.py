@@ -377,3 +377,16 @@ def test_an_unknown_compression_is_said_and_ignored(monkeypatch, caplog):
     assert resolve_config().compression == "none"
     assert "SMON_AGENT_COMPRESSION" in caplog.text
     assert resolve_config(compression="GZIP").compression == "gzip"
+
+
+def test_flush_policy_stretches_to_what_the_server_asks_within_the_cap():
+    from smon.config import AgentConfig
+    from smon.shipper import MAX_FLUSH_SECONDS, flush_policy
+
+    config = AgentConfig(flush_interval=1.0, heartbeat_interval=2.0)
+    assert flush_policy(config, 0.0) == (1.0, 2.0)
+    assert flush_policy(config, 1.5) == (1.5, 2.0)
+    assert flush_policy(config, 5.0) == (5.0, 5.0)
+    assert flush_policy(config, 1e9) == (MAX_FLUSH_SECONDS, MAX_FLUSH_SECONDS)  # time to flag stays bounded
+    assert flush_policy(config, float("nan")) == (1.0, 2.0)
+    assert flush_policy(config, -3.0) == (1.0, 2.0)

@@ -99,6 +99,25 @@ def test_batches_that_arrive_during_a_commit_share_the_next_one(db: Database, ga
         assert {a.rank: a.first_step for a in agents} == {0: 0, 1: 0, 2: 0, 3: 0}
 
 
+def test_a_writer_lingers_for_batches_that_arrive_just_after_the_first(db: Database) -> None:
+    """Batches a fleet sends a few ms apart share one transaction when the writer lingers (the
+    writer is idle when the first comes: without lingering it would go alone)."""
+    committer = GroupCommitter(db, linger_seconds=1.0)
+    committer.start()
+
+    async def scenario() -> None:
+        tasks = []
+        for rank in range(4):
+            tasks.append(asyncio.create_task(committer.write(valid(rank, 1, range(0, 5), job="linger"))))
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*tasks)
+
+    asyncio.run(scenario())
+    committer.stop()
+    assert committer.groups == 1
+    assert stored_steps(db) == 20
+
+
 def test_a_batch_sent_twice_in_one_group_is_stored_once(db: Database, gate: Gate) -> None:
     committer = GroupCommitter(db)
     committer.start()

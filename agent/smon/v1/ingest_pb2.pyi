@@ -274,7 +274,7 @@ class Rejection(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., index: _Optional[int] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("agent_id", "seq", "accepted", "rejected", "rejections", "duplicate", "throttle_seconds", "step_tables")
+    __slots__ = ("agent_id", "seq", "accepted", "rejected", "rejections", "duplicate", "throttle_seconds", "step_tables", "flush_seconds")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +283,7 @@ class Ack(_message.Message):
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     THROTTLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     STEP_TABLES_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_SECONDS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     seq: int
     accepted: int
@@ -291,7 +292,8 @@ class Ack(_message.Message):
     duplicate: bool
     throttle_seconds: float
     step_tables: bool
-    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., duplicate: _Optional[bool] = ..., throttle_seconds: _Optional[float] = ..., step_tables: _Optional[bool] = ...) -> None: ...
+    flush_seconds: float
+    def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., duplicate: _Optional[bool] = ..., throttle_seconds: _Optional[float] = ..., step_tables: _Optional[bool] = ..., flush_seconds: _Optional[float] = ...) -> None: ...
 
 class ClockRequest(_message.Message):
     __slots__ = ("agent_time",)

@@ -102,8 +102,14 @@ class GroupCommitter:
         clock: Callable[[], float] = time.time,
         stall_seconds: float = DEFAULT_STALL_SECONDS,
         writers: int = 1,
+        linger_seconds: float = 0.0,
     ) -> None:
         self.db = db
+        # How long a writer waits for more batches after the first of a group (Kafka's linger.ms).
+        # A group's own cost (a transaction's statements, their set-up in Python) is paid once per
+        # group: at a fleet's many small batches a second, groups of one or two would pay it for
+        # nearly every batch.
+        self.linger_seconds = linger_seconds
         self.stall_seconds = stall_seconds  # a new agent after this much silence is a new attempt
         self.max_group_records = max_group_records
         self.max_pending_records = max_pending_records
@@ -201,6 +207,7 @@ class GroupCommitter:
             group: list[_Item] = []
             records, stop = 0, False
             item: _Item | None = first
+            until = time.monotonic() + self.linger_seconds
             while item is not None:
                 if self._claim(item, "taken"):  # a withdrawn one is skipped
                     group.append(item)
@@ -210,7 +217,13 @@ class GroupCommitter:
                 try:
                     item = self._items.get_nowait()
                 except queue.Empty:
-                    break
+                    wait = until - time.monotonic()
+                    if wait <= 0:
+                        break
+                    try:
+                        item = self._items.get(timeout=wait)
+                    except queue.Empty:
+                        break
                 stop = item is None
             if group:
                 self._commit(group, records)

@@ -47,6 +47,11 @@ TOO_MANY_JOBS = "too_many_jobs"  # a new job while SMON_INGEST_MAX_JOBS others a
 STREAM_READ_AHEAD = 8
 # Trailing metadata of a stream ended by the server: no batch it left unacked was stored.
 UNSTORED_METADATA = (("smon-unacked-not-stored", "1"),)
+# The longest flush interval an Ack asks for (the agent caps it at the same: smon.shipper).
+MAX_FLUSH_SECONDS = 10.0
+# A batch that waits longer than this from arrival to commit means the replica is past its
+# capacity: its Ack asks the agent to hold back for about that long (Ack.throttle_seconds).
+OVERLOAD_SECONDS = 1.0
 
 
 class _Refused(Exception):
@@ -72,7 +77,11 @@ class IngestService:
         on_final: Callable[[], None] | None = None,
         rates: AgentRates | None = None,
         jobs: ActiveJobs | None = None,
+        batches_per_second: float = 0.0,
     ) -> None:
+        self.batches_per_second = batches_per_second
+        self.streams = 0  # agent streams open now
+        self._latency = 0.0  # arrival to commit of recent batches, seconds (EWMA)
         self.rates = rates
         self.jobs = jobs
         self.on_final = on_final  # an agent said goodbye: its job may have finished, analyse now
@@ -112,6 +121,23 @@ class IngestService:
         agent's batches can wait for, and share, the same commit; Acks go out in order (but for
         those settled as a failure ends the stream: an Ack names its seq)."""
         await self._authenticate(context)
+        self.streams += 1
+        self.stats.streams.set(self.streams)
+        try:
+            if flush := self.flush_seconds():
+                # Past its size, the replica says so as the stream opens (an Ack of no batch, seq
+                # 0): a fleet starting at once would otherwise send a second's batches each until
+                # their first Acks come back, behind the very backlog they make.
+                yield pb.Ack(flush_seconds=flush, step_tables=True)
+            async for ack in self._stream(requests, context):
+                yield ack
+        finally:
+            self.streams -= 1
+            self.stats.streams.set(self.streams)
+
+    async def _stream(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Ack]:
         handled: asyncio.Queue[asyncio.Task[pb.Ack] | None] = asyncio.Queue()
         # A task is made only once there is room: a reader stopped while it waits leaves no batch
         # being stored with nobody to ack it.
@@ -162,7 +188,24 @@ class IngestService:
             self.stats.rejected.labels(UNAUTHENTICATED).inc()
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ingest token")
 
+    def flush_seconds(self) -> float:
+        """The flush interval to ask agents for: open streams over the batches a second this
+        replica takes, when that is over a second (agents flush every second by default)."""
+        if self.batches_per_second <= 0:
+            return 0.0
+        wanted = self.streams / self.batches_per_second
+        return 0.0 if wanted <= 1.0 else min(MAX_FLUSH_SECONDS, round(wanted, 1))
+
+    def _overload_seconds(self, waited: float) -> float:
+        """How long to hold an agent back because batches wait too long to be committed."""
+        self._latency = 0.7 * self._latency + 0.3 * waited
+        if self._latency <= OVERLOAD_SECONDS:
+            return 0.0
+        self.stats.overloaded.inc()
+        return min(MAX_FLUSH_SECONDS, 2 * self._latency)
+
     async def _handle(self, request: bytes) -> pb.Ack:
+        arrived = time.monotonic()
         try:
             batch = pb.Batch.FromString(request)
         except DecodeError as exc:
@@ -201,6 +244,9 @@ class IngestService:
             self.stats.folded_spans.inc(result.folded_spans)
         if valid.final and self.on_final is not None:
             self.on_final()
+        flush = self.flush_seconds()
+        self.stats.flush_seconds.set(flush)
+        overload = self._overload_seconds(time.monotonic() - arrived)
         return pb.Ack(
             agent_id=valid.agent_id,
             seq=valid.seq,
@@ -208,8 +254,9 @@ class IngestService:
             rejected=len(valid.rejections),
             rejections=valid.rejections,
             duplicate=result.duplicate,
-            throttle_seconds=max(hold, self.committer.throttle_seconds()),
+            throttle_seconds=max(hold, overload, self.committer.throttle_seconds()),
             step_tables=True,
+            flush_seconds=flush,
         )
 
     def _refuse_whole(self, batch: pb.Batch, reason: str, detail: str) -> pb.Ack:

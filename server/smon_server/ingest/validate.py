@@ -200,31 +200,38 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
     step, start, end, duration, gc_seconds = cols.step, cols.start, cols.end, cols.duration, cols.gc_seconds
     span_record = cols.span_record
 
-    def any_per_record(flags: np.ndarray, owner: np.ndarray) -> np.ndarray:
-        return np.bincount(owner[flags], minlength=n) > 0
-
-    all_finite = np.isfinite(start) & np.isfinite(end) & np.isfinite(duration) & np.isfinite(gc_seconds)
-    all_finite &= ~cols.non_finite
-    for values in (cols.span_start, cols.span_duration):
-        all_finite &= ~any_per_record(~np.isfinite(values), span_record)
-    negative = (
-        (duration < 0)
-        | (gc_seconds < 0)
-        | cols.negative
-        | any_per_record(cols.span_duration < 0, span_record)
-    )
     limit = limits.max_duration_seconds
-    absurd = (duration > limit) | (gc_seconds > limit) | (cols.over > limit)
-    absurd |= any_per_record((cols.span_duration > limit) | (np.abs(cols.span_start) > limit), span_record)
-    bad_span = cols.bad_span | any_per_record(
+    # Span flags first; most batches have none, and then no span needs to be traced to its record
+    # (a bincount per flag: a sizeable share of a small batch's cost).
+    span_non_finite = ~(np.isfinite(cols.span_start) & np.isfinite(cols.span_duration))
+    span_negative = cols.span_duration < 0
+    span_absurd = (cols.span_duration > limit) | (np.abs(cols.span_start) > limit)
+    span_bad = (
         (cols.span_microbatch < -1)
         | (cols.span_microbatch > codec.MAX_MICROBATCH)
         | (cols.span_chunk < 0)
-        | (cols.span_chunk > codec.MAX_CHUNK),
-        span_record,
+        | (cols.span_chunk > codec.MAX_CHUNK)
     )
     bad_kind = np.array([not good_name(k) for k in cols.kinds], dtype=bool)
-    bad_name = cols.bad_name | any_per_record(bad_kind[cols.span_kind], span_record)
+    span_bad_name = bad_kind[cols.span_kind]
+    if (span_non_finite | span_negative | span_absurd | span_bad | span_bad_name).any():
+
+        def any_per_record(flags: np.ndarray) -> np.ndarray:
+            return np.bincount(span_record[flags], minlength=n) > 0
+
+    else:
+        clean = np.zeros(n, dtype=bool)
+
+        def any_per_record(flags: np.ndarray) -> np.ndarray:
+            return clean
+
+    all_finite = np.isfinite(start) & np.isfinite(end) & np.isfinite(duration) & np.isfinite(gc_seconds)
+    all_finite &= ~cols.non_finite
+    all_finite &= ~any_per_record(span_non_finite)
+    negative = (duration < 0) | (gc_seconds < 0) | cols.negative | any_per_record(span_negative)
+    absurd = (duration > limit) | (gc_seconds > limit) | (cols.over > limit) | any_per_record(span_absurd)
+    bad_span = cols.bad_span | any_per_record(span_bad)
+    bad_name = cols.bad_name | any_per_record(span_bad_name)
     sum_sq = cols.sum_sq
 
     checks = (

@@ -25,7 +25,7 @@ from smon_server.hosts import record as host_record
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import failures, trend, waste
 from smon_server.jobs.workers import is_big
-from smon_server.store import attempts, partitions, phase_grids, queries
+from smon_server.store import attempts, ledger, partitions, phase_grids, queries
 from smon_server.store.db import DATABASE_UNAVAILABLE
 from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AnalysisResult, Job
@@ -159,6 +159,12 @@ def maintain_storage(context: ServerContext, now: float) -> None:
             created = partitions.ensure_partitions(session, now=now, days_ahead=2)
             if created:
                 log.info("created step record partitions %s", ", ".join(created))
+        retention = settings.retention_days * 86400.0
+        pruned = ledger.prune(
+            session, now=now, keep_seconds=settings.ingest_ledger_seconds, floor_seconds=retention or None
+        )
+        if pruned:
+            log.info("pruned %d dedup ledger rows older than %g s", pruned, settings.ingest_ledger_seconds)
         if settings.retention_days > 0:
             removed = partitions.drop_expired(
                 session, now=now, retention_days=settings.retention_days, postgres=context.db.is_postgres

@@ -6,7 +6,7 @@ stored data is exported by the scrape-time collector instead.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 class IngestStats:
@@ -37,5 +37,22 @@ class IngestStats:
         self.duplicates = Counter(
             "smon_ingest_duplicate_batches",
             "Batches received again after they had been stored (agent resends); stored once.",
+            registry=registry,
+        )
+        self.streams = Gauge(
+            "smon_ingest_streams",
+            "Agent streams open on this replica.",
+            registry=registry,
+        )
+        self.flush_seconds = Gauge(
+            "smon_ingest_flush_seconds",
+            "The flush interval this replica's Acks ask agents for (0: as configured); past "
+            "smon.shipper.MAX_FLUSH_SECONDS the replica serves more agents than it is sized for.",
+            registry=registry,
+        )
+        self.overloaded = Counter(
+            "smon_ingest_overloaded_acks",
+            "Acks that asked their agent to hold back because batches waited past "
+            "OVERLOAD_SECONDS from arrival to commit (the replica is past its capacity).",
             registry=registry,
         )

@@ -111,6 +111,8 @@ class IngestedBatch(Base):
     """(agent_id, seq) of every stored batch: a resent batch is recognised and stored once."""
 
     __tablename__ = "ingested_batches"
+    # Pruning finds the rows past SMON_INGEST_LEDGER_SECONDS by this (store/ledger.py).
+    __table_args__ = (Index("ix_ingested_batches_received_at", "received_at"),)
 
     agent_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -121,6 +123,17 @@ class IngestedBatch(Base):
     # Of the batch's valid records (ValidBatch.digest): a resend must carry the same records.
     # NULL for batches stored before migration 0007.
     digest: Mapped[int | None] = mapped_column(BigInteger, default=None)
+
+
+class IngestedFloor(Base):
+    """Per agent, the highest seq whose ledger row was pruned (store/ledger.py): a batch at or
+    below it was stored (or given up) long ago, so a late resend of it is a duplicate."""
+
+    __tablename__ = "ingested_floors"
+
+    agent_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    pruned_at: Mapped[float] = mapped_column(Double)
 
 
 class SpanKind(Base):

@@ -30,10 +30,10 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from smon.v1 import ingest_pb2 as pb
-from smon_server.store import attempts, codec, copy_binary
+from smon_server.store import attempts, codec, copy_binary, ledger
 from smon_server.store.db import Database, Transaction
 from smon_server.store.kinds import MAX_CODE, Resolved
-from smon_server.store.models import Agent, Base, GpuSample, IngestedBatch, Job, StepRecord
+from smon_server.store.models import Agent, Base, GpuSample, IngestedBatch, IngestedFloor, Job, StepRecord
 from smon_server.store.rows import StepBlock, ValidBatch
 
 _JSON_COLUMNS = {"xid_events"}
@@ -308,7 +308,10 @@ def _claim_batches(
         fresh = {first[(agent_id, seq)] for agent_id, seq in claimed}
     else:
         stmt = _dialect_insert(dialect, IngestedBatch).on_conflict_do_nothing()
+        pruned = ledger.below_floor(session, list(first))
         for key, value in zip(first, values, strict=True):
+            if key in pruned:
+                continue
             if session.execute(stmt.values(value).returning(IngestedBatch.seq)).first() is not None:
                 fresh.add(first[key])
     # What each (agent_id, seq) was first stored with: this group's first copy, or the database's.
@@ -334,10 +337,19 @@ def _claim_batches(
 _CLAIM_COLUMNS = ("agent_id", "seq", "job_id", "received_at", "accepted", "rejected", "digest")
 
 
+def _above_floor(rows: Any) -> Any:
+    """Not at or below its agent's floor: a batch whose ledger row was pruned (store/ledger.py)."""
+    return ~(
+        select(IngestedFloor.agent_id)
+        .where(IngestedFloor.agent_id == rows.c.agent_id, IngestedFloor.seq >= rows.c.seq)
+        .exists()
+    )
+
+
 @functools.cache
 def _claim_sql() -> str:
     return _postgres_sql(
-        _bulk_insert(IngestedBatch, _CLAIM_COLUMNS)
+        _bulk_insert(IngestedBatch, _CLAIM_COLUMNS, where=_above_floor)
         .on_conflict_do_nothing()
         .returning(IngestedBatch.agent_id, IngestedBatch.seq)
     )
@@ -352,14 +364,18 @@ def _postgres_sql(statement: Any) -> str:
     return str(compiled)
 
 
-def _bulk_insert(model: Any, columns: Sequence[str]) -> Any:
+def _bulk_insert(model: Any, columns: Sequence[str], where: Callable[[Any], Any] | None = None) -> Any:
     """PostgreSQL `INSERT … SELECT … FROM unnest(one array per column)`: the same statement text
     for any number of rows, sent with one array per column. (A multi-row VALUES list is new SQL
-    for every row count, which psycopg re-parses and PostgreSQL re-plans on each group.)"""
+    for every row count, which psycopg re-parses and PostgreSQL re-plans on each group.)
+    `where(rows)`: a condition on the unnested rows, to insert only those meeting it."""
     table = model.__table__
     arrays = [bindparam(column, type_=ARRAY(table.c[column].type)) for column in columns]
     rows = func.unnest(*arrays).table_valued(*columns).render_derived()
-    return postgresql.insert(model).from_select(list(columns), select(*(rows.c[c] for c in columns)))
+    chosen = select(*(rows.c[c] for c in columns))
+    if where is not None:
+        chosen = chosen.where(where(rows))
+    return postgresql.insert(model).from_select(list(columns), chosen)
 
 
 def _by(batches: Iterable[ValidBatch], key: Callable[[ValidBatch], Any]) -> dict[Any, list[ValidBatch]]:
