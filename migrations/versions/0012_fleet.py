@@ -4,7 +4,7 @@ pruned batch is still recognised and stored once (store/ledger.py). An index on
 `ingested_batches.received_at` finds the rows to prune without reading the whole ledger.
 
 Revision ID: 0012_fleet
-Revises: 0011 (0011_span_host; written on 0010_job_span_kinds, re-chained after main gained 0011)
+Revises: 0011_hosts (written on 0010_job_span_kinds, re-chained after main gained 0011 and 0011_hosts)
 Create Date: 2026-11-27
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0012_fleet"
-down_revision: str | None = "0011"
+down_revision: str | None = "0011_hosts"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
