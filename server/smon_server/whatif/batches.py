@@ -23,7 +23,13 @@ from smon_server.whatif.graph import StepGraph, build_graph
 from smon_server.whatif.layout import StepLayout, build_layout
 from smon_server.whatif.ops import OpTable
 from smon_server.whatif.replay import Program, compile_program, run
-from smon_server.whatif.sources import IdealSource, JitterSource, MaskedSource, ReplicaSource
+from smon_server.whatif.sources import (
+    IdealSource,
+    JitterSource,
+    MaskedSource,
+    ReplicaJitterSource,
+    ReplicaSource,
+)
 
 
 @dataclass(frozen=True)
@@ -116,13 +122,19 @@ def replay_restored(prep: Prepared, restore: np.ndarray) -> np.ndarray:
     return _batched(prep, restore.shape[0], n_steps, n_dp, job)
 
 
-def replay_by_replica(prep: Prepared) -> np.ndarray:
-    """Step times [dp rank, step] of add-back by DP rank (two replicas per variant)."""
-    measured, ideal = prep.durations.measured, prep.durations.ideal
+def replay_by_replica(prep: Prepared, healthy: bool = False) -> np.ndarray:
+    """Step times [dp rank, step] of add-back by DP rank (two replicas per variant); with
+    `healthy` (and a jitter allowance), of each rank at its healthy durations instead."""
+    measured, ideal, jitter = prep.durations.measured, prep.durations.ideal, prep.durations.jitter
     n_steps, n_dp = measured.shape[1], measured.shape[2]
 
     def job(v0: int, v1: int, s0: int, s1: int) -> Callable[[], np.ndarray]:
-        source = ReplicaSource(measured[:, s0:s1, v0:v1], ideal)
+        block = measured[:, s0:s1, v0:v1]
+        source: ReplicaSource | ReplicaJitterSource
+        if healthy and jitter is not None:
+            source = ReplicaJitterSource(block, ideal, jitter.mean[:, v0:v1], jitter.cap)
+        else:
+            source = ReplicaSource(block, ideal)
         shape = (v1 - v0, s1 - s0, 2)
         return lambda: run(prep.program, source, shape, 2, prep.dtype)
 
