@@ -43,7 +43,9 @@ def jitter_against(per_step: np.ndarray, reference: int, workers: np.ndarray | N
     return robust_sigma(block - per_step[:, reference][:, None], axis=0)
 
 
-def beyond_noise(per_step: np.ndarray, reference: int, workers: np.ndarray, surplus: np.ndarray) -> np.ndarray:
+def beyond_noise(
+    per_step: np.ndarray, reference: int, workers: np.ndarray, surplus: np.ndarray
+) -> np.ndarray:
     """Whether each of `workers` (indices into the columns of `per_step`, [steps, workers]) stands
     out from the `reference` worker beyond noise, given its mean `surplus` per step over it: by
     the per-step test or the window test (module docstring)."""
