@@ -16,10 +16,11 @@ Decomposition (docs/analysis.md): the excess S - 1 splits, by construction, into
 The four parts sum to S - 1; diagnosis turns them into causes.
 
 Under the robust estimator (a jitter allowance present) a DP rank's add-back is set against the
-same rank at its healthy durations, D* plus its own ordinary jitter (sources.ReplicaJitterSource),
-rather than against the jitter-free T(D*): `S_dp = T(D*, rank measured) / T(D*, rank healthy)`.
-A rank that only waits for a straggler jitters like every rank, and against a jitter-free
-reference that jitter alone read S_w 1.10-1.15 on a shared CPU, beside the straggler's 1.3.
+same rank at its healthy durations, D* plus its own ordinary jitter plus what its DP peers lost
+on the same step (sources.ReplicaJitterSource, batches.shared_deviation), rather than against the
+jitter-free T(D*): `S_dp = T(D*, rank measured) / T(D*, rank healthy)`. A rank that only waits
+for a straggler jitters like every rank and stalls when the whole machine does; against a
+jitter-free reference that alone read S_w 1.10-1.15 on a shared CPU, beside the straggler's 1.3.
 
 The op-type, stage, M_S and family variants run as one batch of restore masks; DP ranks run in the
 two-replica form (sources.ReplicaSource); M_W needs S_w first, so it runs last.
@@ -66,7 +67,7 @@ def attribute(prep: Prepared, step_time: np.ndarray, ideal: float, top_fraction:
     t_dp = replay_by_replica(prep) if n_dp > 1 else step_time[None, :].copy()
     # Each rank's add-back is set against the same rank at its healthy durations where the robust
     # estimator gives a jitter allowance (else against T(D*)): a rank that only waits for a
-    # straggler, jittering as ranks do, is not blamed for its own ordinary jitter.
+    # straggler is not blamed for its own ordinary jitter, nor for steps every rank lost.
     t_dp_ref: np.ndarray | float = ideal
     if n_dp > 1 and prep.durations.jitter is not None:
         t_dp_ref = replay_by_replica(prep, healthy=True)

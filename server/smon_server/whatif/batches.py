@@ -128,17 +128,34 @@ def replay_by_replica(prep: Prepared, healthy: bool = False) -> np.ndarray:
     measured, ideal, jitter = prep.durations.measured, prep.durations.ideal, prep.durations.jitter
     n_steps, n_dp = measured.shape[1], measured.shape[2]
 
+    shared = shared_deviation(measured, jitter.mean) if healthy and jitter is not None else None
+
     def job(v0: int, v1: int, s0: int, s1: int) -> Callable[[], np.ndarray]:
         block = measured[:, s0:s1, v0:v1]
         source: ReplicaSource | ReplicaJitterSource
-        if healthy and jitter is not None:
-            source = ReplicaJitterSource(block, ideal, jitter.mean[:, v0:v1], jitter.cap)
+        if shared is not None and jitter is not None:
+            source = ReplicaJitterSource(block, ideal, jitter.mean[:, v0:v1], jitter.cap, shared[:, s0:s1])
         else:
             source = ReplicaSource(block, ideal)
         shape = (v1 - v0, s1 - s0, 2)
         return lambda: run(prep.program, source, shape, 2, prep.dtype)
 
     return _batched(prep, n_dp, n_steps, 2, job)
+
+
+def shared_deviation(measured: np.ndarray, mean: np.ndarray, chunk: int = 64) -> np.ndarray:
+    """[n_slots, n_steps]: per slot and step, the lower median over DP ranks of each instance's
+    deviation from its worker's mean (0 where it did not run): what every rank lost (or gained)
+    on that step together, a machine-wide stall rather than anyone's straggling. Chunked over
+    slots: the median needs a sorted copy of its block."""
+    n_slots, n_steps, n_dp = measured.shape
+    out = np.zeros((n_slots, n_steps), dtype=measured.dtype)
+    k = (n_dp - 1) // 2
+    for lo in range(0, n_slots, chunk):
+        block = measured[lo : lo + chunk]
+        deviation = np.where(block > 0, block - mean[lo : lo + chunk, None, :], 0.0)
+        out[lo : lo + chunk] = np.partition(deviation, k, axis=2)[:, :, k]
+    return out
 
 
 def _batched(
