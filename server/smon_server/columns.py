@@ -11,7 +11,7 @@ on the engine, so both can use it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -71,9 +71,19 @@ class StepColumns:
     mb_count: np.ndarray  # int64, micro-batch rows per record
     mb_index: np.ndarray  # int32, the micro-batch
     mb_sum_sq: np.ndarray  # float64
+    # A device-timed span's host view (docs/analysis.md "Device time behind the host"): when the
+    # host issued it, relative to the record's start, and for how long; NaN where the agent timed
+    # the span on the host only. Empty arrays when no span of these records has one.
+    span_host_start: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    span_host_duration: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __len__(self) -> int:
         return int(self.rank.shape[0])
+
+    @property
+    def has_host(self) -> bool:
+        """Whether the spans carry host views (else the host arrays are empty)."""
+        return bool(self.span_host_start.size) and self.span_host_start.size == self.span_kind.size
 
     @property
     def span_record(self) -> np.ndarray:
@@ -110,6 +120,14 @@ class StepColumns:
             mb_count=self.mb_count[index],
             mb_index=self.mb_index[mbs],
             mb_sum_sq=self.mb_sum_sq[mbs],
+            **(
+                {
+                    "span_host_start": self.span_host_start[spans],
+                    "span_host_duration": self.span_host_duration[spans],
+                }
+                if self.has_host
+                else {}
+            ),
         )
 
     @classmethod
@@ -119,8 +137,15 @@ class StepColumns:
         kinds = max((p.kinds for p in parts), key=len)
         if any(p.kinds != kinds[: len(p.kinds)] for p in parts):
             raise ValueError("columns with different span kind codes")
-        names = [f.name for f in fields(cls) if f.name != "kinds"]
-        return cls(kinds=kinds, **{n: np.concatenate([getattr(p, n) for p in parts]) for n in names})
+        host = ("span_host_start", "span_host_duration")
+        names = [f.name for f in fields(cls) if f.name != "kinds" and f.name not in host]
+        out = {n: np.concatenate([getattr(p, n) for p in parts]) for n in names}
+        if any(p.has_host for p in parts):
+            for n in host:
+                out[n] = np.concatenate(
+                    [getattr(p, n) if p.has_host else np.full(p.span_kind.size, np.nan) for p in parts]
+                )
+        return cls(kinds=kinds, **out)
 
     def phase_seconds(self, name: str) -> np.ndarray:
         """Seconds per record in phase `name` (NaN where the record has none), as the agent reports
@@ -177,17 +202,26 @@ class StepColumns:
         rows = list(rows)
         kinds: dict[str, int] = {}
         span_rows: list[tuple[int, float, float, int, int]] = []
+        host_rows: list[tuple[float, float]] = []
         span_count, mb_count = [], []
         mb_rows: list[tuple[int, float]] = []
         for r in rows:
-            spans = list(r.spans) or spans_from_phases(r.phases)
+            spans: list[Sequence[Any]] = list(r.spans) or list(spans_from_phases(r.phases))
             span_count.append(len(spans))
             for s in spans:
                 code = kinds.setdefault(str(s[0]), len(kinds))
                 span_rows.append((code, float(s[1]), float(s[2]), int(s[3]), int(s[4])))
+                # (kind, start, duration, micro-batch, chunk[, host start, host duration])
+                host_rows.append((float(s[5]), float(s[6])) if len(s) >= 7 else (np.nan, np.nan))
             mb_count.append(len(r.microbatch_seq))
             mb_rows.extend((int(m[0]), float(m[3])) for m in r.microbatch_seq)
         spans_arr = np.array(span_rows, dtype=np.float64).reshape(-1, 5)
+        host_arr = np.array(host_rows, dtype=np.float64).reshape(-1, 2)
+        host = (
+            {}
+            if np.isnan(host_arr).all()
+            else {"span_host_start": host_arr[:, 0], "span_host_duration": host_arr[:, 1]}
+        )
         mb_arr = np.array(mb_rows, dtype=np.float64).reshape(-1, 2)
         phases = [r.phases for r in rows]
         return cls(
@@ -211,6 +245,7 @@ class StepColumns:
             mb_count=np.array(mb_count, dtype=np.int64),
             mb_index=mb_arr[:, 0].astype(np.int32),
             mb_sum_sq=mb_arr[:, 1],
+            **host,
         )
 
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 import psycopg
 import pytest
 from sqlalchemy import func, select
@@ -387,3 +388,49 @@ def test_a_locked_sqlite_database_refuses_a_batch_within_the_statement_timeout(
     ], said
     assert "database is locked" in said[0] and "2 ingest batches refused" in said[1]
     assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_device_timed_spans_keep_their_host_views_in_both_wire_forms(
+    server: BackgroundServer, stub: pb_grpc.IngestStub
+) -> None:
+    """A CUDA-timed span also says when the host issued it and for how long: stored beside the
+    span (NULL for host-timed records) and read back with the window, from messages or a table."""
+    from smon.table import to_table
+
+    records = f.dp_job_steps(1, range(6))[0]
+    for record in records[:4]:  # device-timed steps; the last two were timed on the host
+        for i, span in enumerate(record.spans):
+            span.host_start = span.start + 0.0001 * i
+            span.host_duration = span.duration * 1.5
+    records[1].spans[0].host_duration = math.nan  # unusable: dropped, the span kept
+    windows = []
+    for form in ("rows", "table"):
+        job_id = f.new_job_id(form)
+        batch = f.batch(job_id, 0, 1, steps=records if form == "rows" else ())
+        if form == "table":
+            batch.step_table.CopyFrom(to_table(records))
+        ack = stub.Push(batch)
+        assert (ack.accepted, ack.rejected) == (6, 0)
+        assert server.context is not None
+        with server.context.db.session() as session:
+            job = session.get(Job, (job_id, 1))
+            assert job is not None
+            windows.append(read_window(session=session, job=job, from_step=0, to_step=5))
+            stored = session.scalars(
+                select(StepRecord.span_host).where(StepRecord.job_key == job.key).order_by(StepRecord.step)
+            ).all()
+            assert [v is None for v in stored][-2:] == [True, True]
+    for cols in windows:
+        assert cols.has_host
+        owner = cols.span_record
+        device = owner < 4
+        expected = cols.span_start[device] + 0.0001 * (np.arange(device.sum()) % cols.span_count[0])
+        got = cols.span_host_start[device]
+        usable = ~np.isnan(got)
+        assert usable.sum() == device.sum() - 1  # the NaN duration dropped its span's view
+        assert np.allclose(got[usable], expected[usable], atol=2e-6)
+        assert np.allclose(
+            cols.span_host_duration[device][usable], 1.5 * cols.span_duration[device][usable], rtol=1e-5
+        )
+        assert np.isnan(cols.span_host_start[~device]).all()
+    assert np.array_equal(windows[0].span_host_start, windows[1].span_host_start, equal_nan=True)

@@ -44,6 +44,9 @@ class RecordColumns:
     span_duration: np.ndarray
     span_microbatch: np.ndarray  # int64, -1: none
     span_chunk: np.ndarray  # int64
+    # A device-timed span's host view, seconds from the record's start (NaN: none, or unusable)
+    span_host_start: np.ndarray
+    span_host_duration: np.ndarray
     kinds: list[str]
     # Per-record findings of the form that only it can see (phase values, micro-batch rows).
     non_finite: np.ndarray  # bool [records]
@@ -100,6 +103,12 @@ def from_rows(records: Sequence[pb.StepRecord]) -> RecordColumns:
     s_microbatch = np.array([s.microbatch if s.HasField("microbatch") else -1 for s in spans], dtype=np.int64)
     s_chunk = np.array([s.chunk for s in spans], dtype=np.int64)
     s_kinds = [s.kind for s in spans]
+    s_host_start = np.array(
+        [s.host_start if s.HasField("host_start") else np.nan for s in spans], dtype=np.float64
+    )
+    s_host_duration = np.array(
+        [s.host_duration if s.HasField("host_duration") else np.nan for s in spans], dtype=np.float64
+    )
     phase_maps = [r.phases for r in records]
     phase_names = [k for p in phase_maps for k in p]  # iterating the map itself stays in C
     phase_record = np.repeat(np.arange(n), [len(p) for p in phase_maps])
@@ -132,6 +141,7 @@ def from_rows(records: Sequence[pb.StepRecord]) -> RecordColumns:
     kind_index = {k: i for i, k in enumerate(kinds)}
     kind = [kind_index[k] for k in s_kinds]
     s_start = s_start - start[span_record]
+    s_host_start = s_host_start - start[span_record]
     extra = [
         (i, kind_index.setdefault(k, len(kind_index)), a, d)
         for i in np.flatnonzero(span_count == 0).tolist()
@@ -146,6 +156,8 @@ def from_rows(records: Sequence[pb.StepRecord]) -> RecordColumns:
         s_duration = np.r_[s_duration, e_duration.astype(np.float64)]
         s_microbatch = np.r_[s_microbatch, np.full(len(extra), -1, np.int64)]
         s_chunk = np.r_[s_chunk, np.zeros(len(extra), np.int64)]
+        s_host_start = np.r_[s_host_start, np.full(len(extra), np.nan)]
+        s_host_duration = np.r_[s_host_duration, np.full(len(extra), np.nan)]
     mb_bad_span, mb_non_finite = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     if any(microbatch_seq):
         rows = [row for listed in microbatch_seq for row in listed]
@@ -169,6 +181,7 @@ def from_rows(records: Sequence[pb.StepRecord]) -> RecordColumns:
         span_duration=s_duration,
         span_microbatch=s_microbatch,
         span_chunk=s_chunk,
+        **_host_views(s_host_start, s_host_duration),
         kinds=kinds,
         non_finite=any_per_record(~np.isfinite(p_values), phase_record) | mb_non_finite,
         negative=any_per_record(p_values < 0, phase_record),
@@ -188,7 +201,8 @@ def _empty() -> RecordColumns:
     return RecordColumns(
         step=i8, start=f8, end=f8, duration=f8, gc_count=i8, gc_seconds=f8, span_count=i8,
         span_record=i8, span_kind=i8, span_start=f8, span_duration=f8, span_microbatch=i8,
-        span_chunk=i8, kinds=[], non_finite=no, negative=no, over=f8, bad_name=no, bad_span=no,
+        span_chunk=i8, span_host_start=f8, span_host_duration=f8, kinds=[], non_finite=no,
+        negative=no, over=f8, bad_name=no, bad_span=no,
         sum_sq=f8, seq=[], microbatch_seq=[],
     )  # fmt: skip
 
@@ -208,6 +222,17 @@ def _microbatch_row_flags(
 
 
 MAX_NAME_LENGTH = 128
+
+
+def _host_views(host_start: np.ndarray, host_duration: np.ndarray) -> dict[str, np.ndarray]:
+    """A span's host view is a hint beside its device timing: one that is not finite or runs
+    backwards is dropped (both halves NaN) and the span kept as timed on the device."""
+    with np.errstate(invalid="ignore"):
+        usable = np.isfinite(host_start) & np.isfinite(host_duration) & (host_duration >= 0)
+    return {
+        "span_host_start": np.where(usable, host_start, np.nan),
+        "span_host_duration": np.where(usable, host_duration, np.nan),
+    }
 
 
 def good_name(name: str) -> bool:
@@ -242,6 +267,8 @@ def from_table(table: pb.StepTable) -> RecordColumns:
         raise MalformedTable(f"span_kind {int(kind.max())} past the {len(table.kinds)} kinds")
     microbatch = _column(table, "span_microbatch", "<i4", m, optional=True)
     chunk = _column(table, "span_chunk", "<i4", m, optional=True)
+    host_start = _column(table, "span_host_start", "<f8", m, optional=True)
+    host_duration = _column(table, "span_host_duration", "<f8", m, optional=True)
     span_record = np.repeat(np.arange(n, dtype=np.int64), span_count)
     start = need("start_time", "<f8", n).astype(np.float64)
 
@@ -290,6 +317,10 @@ def from_table(table: pb.StepTable) -> RecordColumns:
         span_duration=need("span_duration", "<f8", m).astype(np.float64),
         span_microbatch=np.full(m, -1, np.int64) if microbatch is None else microbatch.astype(np.int64),
         span_chunk=np.zeros(m, np.int64) if chunk is None else chunk.astype(np.int64),
+        **_host_views(
+            np.full(m, np.nan) if host_start is None else host_start.astype(np.float64) - start[span_record],
+            np.full(m, np.nan) if host_duration is None else host_duration.astype(np.float64),
+        ),
         kinds=list(table.kinds),
         non_finite=non_finite,
         negative=np.zeros(n, dtype=bool),

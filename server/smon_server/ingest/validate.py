@@ -279,6 +279,7 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
     # Only the kinds of kept spans are named to the store: a refused record's kind (too long, a
     # NUL) must not reach the kind dictionary, whose column would refuse the whole group.
     used, span_kind = dense_codes(cols.span_kind[order], len(cols.kinds))
+    span_host = _span_host(cols, order, span_record[order], kept_records)
     block = StepBlock(
         step=step[keep],
         start_time=start[keep] + offset,
@@ -305,8 +306,27 @@ def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[Ste
         ]
         if any(cols.microbatch_seq)
         else [None] * len(kept_records),
+        span_host=span_host,
     )
     return block, rejections
+
+
+def _span_host(
+    cols: record_columns.RecordColumns, order: np.ndarray, owner: np.ndarray, kept_records: list[int]
+) -> list[bytes | None]:
+    """Per kept record, its spans' host views packed in stored span order (codec.SPAN_HOST), or
+    None when none of its spans has one (host timing: every CPU job)."""
+    host_start, host_duration = cols.span_host_start[order], cols.span_host_duration[order]
+    viewed = np.isfinite(host_start)
+    if not viewed.any():
+        return [None] * len(kept_records)
+    has = np.bincount(owner[viewed], minlength=len(cols)) > 0
+    out: list[bytes | None] = []
+    bounds = np.searchsorted(owner, np.asarray(kept_records, dtype=np.int64))
+    ends = np.searchsorted(owner, np.asarray(kept_records, dtype=np.int64), side="right")
+    for record, lo, hi in zip(kept_records, bounds.tolist(), ends.tolist(), strict=True):
+        out.append(codec.pack_span_host(host_start[lo:hi], host_duration[lo:hi]) if has[record] else None)
+    return out
 
 
 def _in_span_order(record: np.ndarray, start: np.ndarray, duration: np.ndarray) -> bool:

@@ -70,6 +70,7 @@ class _Entry:
         columns = (getattr(self.ops, name) for name in OpTable.COLUMNS)
         return (
             sum(int(c.nbytes) for c in columns)
+            + int(self.ops.host_duration.nbytes)
             + int(self.times.nbytes + self.row_steps.nbytes + self.type_newest.nbytes)
             + 16 * self.workers.size
         )

@@ -20,6 +20,10 @@ SEQ_TOTAL = np.dtype([("count", "<u4"), ("max_len", "<u4"), ("tokens", "<u8"), (
 SEQ_MICROBATCH = np.dtype(
     [("microbatch", "<i4"), ("count", "<u4"), ("max_len", "<u4"), ("tokens", "<u8"), ("sum_sq", "<f8")]
 )
+# A device-timed span's host view (step_records.span_host, one row per span of the record, in the
+# order of its `spans`): when the host issued it, from the step's start, and for how long; NaN
+# where that span has none. Records without any are NULL (CPU jobs pay nothing).
+SPAN_HOST = np.dtype([("start", "<f4"), ("duration", "<f4")])
 assert SPAN.itemsize == 14 and SEQ_TOTAL.itemsize == 24 and SEQ_MICROBATCH.itemsize == 28
 
 # What fits the packed fields, and the analysis's int16 columns (whatif/ops.py OpTable: chunk and
@@ -61,6 +65,12 @@ def pack_seq_total(seq: SeqTuple | None) -> bytes | None:
 
 def pack_seq_microbatches(rows: Sequence[MicrobatchSeqTuple]) -> bytes | None:
     return np.array(list(rows), dtype=SEQ_MICROBATCH).tobytes() if rows else None
+
+
+def pack_span_host(start: np.ndarray, duration: np.ndarray) -> bytes:
+    out = np.empty(start.shape[0], dtype=SPAN_HOST)
+    out["start"], out["duration"] = start, duration
+    return out.tobytes()
 
 
 def unpack_spans(blob: bytes) -> np.ndarray:

@@ -36,12 +36,12 @@ _FIXED = [
     ("gc_count_len", ">i4"), ("gc_count", ">i2"),
     ("gc_seconds_len", ">i4"), ("gc_seconds", ">f4"),
 ]  # fmt: skip
-FIELDS = 11  # the eight above and three bytea: spans, seq_total, seq_microbatches
+FIELDS = 12  # the eight above and four bytea: spans, seq_total, seq_microbatches, span_host
 _LENGTHS = {
     "job_key": 4, "step": 8, "rank": 4, "start_time": 8, "duration": 4, "agent_key": 4,
     "gc_count": 2, "gc_seconds": 4,
 }  # fmt: skip
-_VAR = ("spans", "seq_total", "seq_microbatches")
+_VAR = ("spans", "seq_total", "seq_microbatches", "span_host")
 _WIDE = 1 << 21
 
 
@@ -52,11 +52,11 @@ def _lengths(values: Sequence[bytes | None]) -> np.ndarray:
     return np.fromiter((-1 if v is None else len(v) for v in values), dtype=np.int64, count=len(values))
 
 
-def _layout(span_bytes: int, seq_bytes: int, microbatch_bytes: int) -> np.dtype:
+def _layout(span_bytes: int, seq_bytes: int, microbatch_bytes: int, host_bytes: int) -> np.dtype:
     """A row's bytes as one structured dtype: the fixed part, then each bytea's length word and
     its bytes (none when NULL or empty)."""
     fields = list(_FIXED)
-    for name, size in zip(_VAR, (span_bytes, seq_bytes, microbatch_bytes), strict=True):
+    for name, size in zip(_VAR, (span_bytes, seq_bytes, microbatch_bytes, host_bytes), strict=True):
         fields.append((f"{name}_len", ">i4"))
         if size > 0:
             fields.append((name, f"V{size}"))
@@ -77,6 +77,7 @@ def step_rows(
     span_bytes: np.ndarray,
     seq_total: Sequence[bytes | None],
     seq_microbatches: Sequence[bytes | None],
+    span_host: Sequence[bytes | None] | None = None,
 ) -> bytes:
     """Rows (no header or trailer). `spans` holds every row's spans back to back (codec.SPAN
     records), `span_bytes` how many bytes of it each row takes; the keys and the rank are one
@@ -93,22 +94,25 @@ def step_rows(
     span_records = np.frombuffer(spans, dtype=SPAN)
     first_span = np.zeros(n, dtype=np.int64)
     np.cumsum(span_bytes[:-1] // SPAN.itemsize, out=first_span[1:])
-    seq_len, mb_len = _lengths(seq_total), _lengths(seq_microbatches)
+    span_host = span_host if span_host is not None else [None] * n
+    seq_len, mb_len, host_len = _lengths(seq_total), _lengths(seq_microbatches), _lengths(span_host)
     # One integer per layout, so finding the layouts is a sort of integers (or nothing, when all
-    # rows agree); lengths past 2**21 bytes (not seen in practice) take the slower row-wise unique.
-    if max(int(span_bytes.max()), int(seq_len.max()), int(mb_len.max())) < _WIDE:
+    # rows agree); lengths past 2**21 bytes (not seen in practice), and device-timed records'
+    # host views (GPU jobs), take the slower row-wise unique.
+    layouts: list[tuple[int, ...]]
+    if max(int(span_bytes.max()), int(seq_len.max()), int(mb_len.max())) < _WIDE and int(host_len.max()) < 0:
         layout = (span_bytes << 42) | ((seq_len + 1) << 21) | (mb_len + 1)
         keys = layout[:1] if bool((layout == layout[0]).all()) else np.unique(layout)
-        layouts = [(k >> 42, ((k >> 21) & (_WIDE - 1)) - 1, (k & (_WIDE - 1)) - 1) for k in keys.tolist()]
+        layouts = [(k >> 42, ((k >> 21) & (_WIDE - 1)) - 1, (k & (_WIDE - 1)) - 1, -1) for k in keys.tolist()]
         members = [np.arange(n)] if keys.size == 1 else [np.flatnonzero(layout == k) for k in keys]
     else:
-        table = np.stack([span_bytes, seq_len, mb_len], axis=1)
+        table = np.stack([span_bytes, seq_len, mb_len, host_len], axis=1)
         unique, which = np.unique(table, axis=0, return_inverse=True)
         layouts = [tuple(row) for row in unique.tolist()]
         members = [np.flatnonzero(which.reshape(-1) == i) for i in range(len(layouts))]
     out = []
-    for (n_span_bytes, n_seq, n_mb), rows in zip(layouts, members, strict=True):
-        part = np.empty(rows.size, dtype=_layout(n_span_bytes, n_seq, n_mb))
+    for (n_span_bytes, n_seq, n_mb, n_host), rows in zip(layouts, members, strict=True):
+        part = np.empty(rows.size, dtype=_layout(n_span_bytes, n_seq, n_mb, n_host))
         part["fields"] = FIELDS
         for name, size in _LENGTHS.items():
             part[f"{'start' if name == 'start_time' else name}_len"] = size
@@ -121,6 +125,7 @@ def step_rows(
         for name, values, size in (
             ("seq_total", seq_total, n_seq),
             ("seq_microbatches", seq_microbatches, n_mb),
+            ("span_host", span_host, n_host),
         ):
             part[f"{name}_len"] = size
             if size > 0:

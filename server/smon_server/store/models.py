@@ -160,6 +160,8 @@ class StepRecord(Base):
     spans: Mapped[bytes] = mapped_column(LargeBinary)
     seq_total: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
     seq_microbatches: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    # Device-timed records only: each span's host view (store/codec.py SPAN_HOST).
+    span_host: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
 
 
 class PhaseColumn(Base):

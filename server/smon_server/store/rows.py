@@ -34,6 +34,8 @@ class StepBlock:
     span_chunk: np.ndarray  # int64
     seq_total: list[bytes | None]  # packed per record (store/codec.py)
     seq_microbatches: list[bytes | None]
+    # Device-timed records: their spans' host views, packed (codec.SPAN_HOST); None for the rest.
+    span_host: list[bytes | None]
 
     def __len__(self) -> int:
         return int(self.step.shape[0])
@@ -45,6 +47,7 @@ class StepBlock:
             step=i8, start_time=f8, duration=f8, gc_count=i8, gc_seconds=f8,
             span_offsets=np.zeros(1, np.int64), kind_names=(), span_kind=i8, span_start=f8,
             span_duration=f8, span_microbatch=i8, span_chunk=i8, seq_total=[], seq_microbatches=[],
+            span_host=[],
         )  # fmt: skip
 
     def take(self, keep: np.ndarray) -> StepBlock:
@@ -69,6 +72,7 @@ class StepBlock:
             span_offsets=np.r_[0, np.cumsum(counts[keep])].astype(np.int64),
             seq_total=[self.seq_total[i] for i in rows],
             seq_microbatches=[self.seq_microbatches[i] for i in rows],
+            span_host=[self.span_host[i] for i in rows],
         )
 
     def spans(self, record: int) -> list[tuple[str, float, float, int, int]]:

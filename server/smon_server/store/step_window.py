@@ -36,6 +36,7 @@ _HEADER = np.dtype(
         ("spans", ">i4"),
         ("seq_total", ">i4"),
         ("seq_microbatches", ">i4"),
+        ("span_host", ">i4"),
     ]
 )
 # Ranks per query: keeps each concatenated string far below PostgreSQL's 1 GB value limit.
@@ -48,9 +49,9 @@ _PG_WINDOW = (
     "SELECT string_agg(int4send(rank) || int8send(step) || float8send(start_time)"
     " || float4send(duration) || int4send(agent_key) || int2send(gc_count) || float4send(gc_seconds)"
     " || int4send(length(spans)) || int4send(coalesce(length(seq_total), 0))"
-    " || int4send(coalesce(length(seq_microbatches), 0)), ''::bytea),"
-    " string_agg(spans, ''::bytea), string_agg(seq_total, ''::bytea),"
-    " string_agg(seq_microbatches, ''::bytea)"
+    " || int4send(coalesce(length(seq_microbatches), 0)) || int4send(coalesce(length(span_host), 0)),"
+    " ''::bytea), string_agg(spans, ''::bytea), string_agg(seq_total, ''::bytea),"
+    " string_agg(seq_microbatches, ''::bytea), string_agg(span_host, ''::bytea)"
     " FROM step_records WHERE job_key = %(job)s AND step >= %(lo)s AND step <= %(hi)s"
     " AND rank >= %(rank_lo)s AND rank < %(rank_hi)s"
 )
@@ -62,6 +63,7 @@ class _Raw:
     spans: bytes
     seq_total: bytes
     seq_microbatches: bytes
+    span_host: bytes = b""
 
 
 def read_window(
@@ -99,6 +101,7 @@ def read_window(
         spans=b"".join(p.spans for p in parts),
         seq_total=b"".join(p.seq_total for p in parts),
         seq_microbatches=b"".join(p.seq_microbatches for p in parts),
+        span_host=b"".join(p.span_host for p in parts),
     )
     agents = np.array([c[:4] for c in coords], dtype=np.int64).reshape(-1, 4)
     return _newest_runs(_decode(raw, kind_names(session, job.key), agents))
@@ -109,12 +112,13 @@ def _read_pg(session: Session, job_key: int, lo: int, hi: int, rank_lo: int, ran
     driver = session.connection().connection.driver_connection
     with driver.cursor(binary=True) as cursor:  # type: ignore[union-attr]
         cursor.execute(_PG_WINDOW, params)
-        header, spans, seq_total, seq_mb = cursor.fetchone()
+        header, spans, seq_total, seq_mb, span_host = cursor.fetchone()
     return _Raw(
         header=np.frombuffer(header or b"", dtype=_HEADER),
         spans=bytes(spans or b""),
         seq_total=bytes(seq_total or b""),
         seq_microbatches=bytes(seq_mb or b""),
+        span_host=bytes(span_host or b""),
     )
 
 
@@ -123,12 +127,13 @@ def _read_rows(session: Session, job_key: int, lo: int, hi: int, rank_lo: int, r
     rows = session.execute(
         select(
             r.rank, r.step, r.start_time, r.duration, r.agent_key, r.gc_count, r.gc_seconds,
-            r.spans, r.seq_total, r.seq_microbatches,
+            r.spans, r.seq_total, r.seq_microbatches, r.span_host,
         ).where(r.job_key == job_key, r.step >= lo, r.step <= hi, r.rank >= rank_lo, r.rank < rank_hi)
     ).all()  # fmt: skip
     spans = [bytes(row[7]) for row in rows]
     totals = [bytes(row[8] or b"") for row in rows]
     microbatches = [bytes(row[9] or b"") for row in rows]
+    hosts = [bytes(row[10] or b"") for row in rows]
     header = np.zeros(len(rows), dtype=_HEADER)
     for i, name in enumerate(
         ("rank", "step", "start_time", "duration", "agent_key", "gc_count", "gc_seconds")
@@ -137,7 +142,8 @@ def _read_rows(session: Session, job_key: int, lo: int, hi: int, rank_lo: int, r
     header["spans"] = [len(b) for b in spans]
     header["seq_total"] = [len(b) for b in totals]
     header["seq_microbatches"] = [len(b) for b in microbatches]
-    return _Raw(header, b"".join(spans), b"".join(totals), b"".join(microbatches))
+    header["span_host"] = [len(b) for b in hosts]
+    return _Raw(header, b"".join(spans), b"".join(totals), b"".join(microbatches), b"".join(hosts))
 
 
 def _decode(raw: _Raw, kinds: tuple[str, ...], coords: np.ndarray) -> StepColumns:
@@ -175,7 +181,25 @@ def _decode(raw: _Raw, kinds: tuple[str, ...], coords: np.ndarray) -> StepColumn
         mb_count=(h["seq_microbatches"] // codec.SEQ_MICROBATCH.itemsize).astype(np.int64),
         mb_index=mbs["microbatch"].astype(np.int32),
         mb_sum_sq=mbs["sum_sq"].astype(np.float64),
+        **_host_views(raw, h, spans.shape[0]),
     )
+
+
+def _host_views(raw: _Raw, h: np.ndarray, n_spans: int) -> dict[str, np.ndarray]:
+    """The spans' host views (NaN for the spans of records that have none); nothing at all when
+    no record has one, as for every CPU job."""
+    if not raw.span_host:
+        return {}
+    views = np.frombuffer(raw.span_host, dtype=codec.SPAN_HOST)
+    span_count = h["spans"] // codec.SPAN.itemsize
+    has = h["span_host"] > 0
+    owner = np.repeat(has, span_count)  # spans of records that have host views
+    start, duration = np.full(n_spans, np.nan), np.full(n_spans, np.nan)
+    if views.shape[0] != int(owner.sum()):  # a row whose views do not match its spans: none used
+        return {}
+    start[owner] = views["start"]
+    duration[owner] = views["duration"]
+    return {"span_host_start": start, "span_host_duration": duration}
 
 
 def _newest_runs(cols: StepColumns) -> StepColumns:

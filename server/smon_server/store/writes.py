@@ -42,7 +42,7 @@ STEP_COLUMNS = [c.name for c in StepRecord.__table__.columns]
 # The order `_step_rows` makes rows in and store/copy_binary.py writes them (checked here, once).
 assert STEP_COLUMNS == [
     "job_key", "step", "rank", "start_time", "duration", "agent_key",
-    "gc_count", "gc_seconds", "spans", "seq_total", "seq_microbatches",
+    "gc_count", "gc_seconds", "spans", "seq_total", "seq_microbatches", "span_host",
 ], STEP_COLUMNS  # fmt: skip
 
 
@@ -250,6 +250,7 @@ def _step_rows(batch: ValidBatch, codes: JobCodes, job_key: int, agent_key: int)
         spans,
         block.seq_total,
         block.seq_microbatches,
+        block.span_host,
     )
 
 
@@ -584,6 +585,7 @@ def _binary_rows(batches: list[tuple[ValidBatch, int, int]], codes: JobCodes) ->
         span_bytes=np.concatenate([np.diff(block.span_offsets) for block in blocks]) * codec.SPAN.itemsize,
         seq_total=[v for block in blocks for v in block.seq_total],
         seq_microbatches=[v for block in blocks for v in block.seq_microbatches],
+        span_host=[v for block in blocks for v in block.span_host],
     )
 
 

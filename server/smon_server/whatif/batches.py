@@ -17,6 +17,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from smon_server.whatif import ops as O
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.durations import Durations, measure
 from smon_server.whatif.graph import StepGraph, build_graph
@@ -63,6 +64,7 @@ def prepare(table: OpTable, config: WhatIfConfig | None = None) -> Prepared:
         outlier_tolerance=config.outlier_tolerance,
         jitter_sigmas=config.jitter_sigmas,
         length_driven=length_driven(table),
+        host_floor=host_floors(table),
     )
     threads = config.threads or min(4, os.cpu_count() or 1)
     return Prepared(
@@ -107,6 +109,29 @@ def length_driven(table: OpTable) -> frozenset[str]:
         if values.size and float(values.max()) > float(values.min()):
             found.add(table.op_types[int(code)])
     return frozenset(found)
+
+
+def host_floors(table: OpTable) -> dict[str, float]:
+    """Per compute op type with host issue times, the time a typical worker's host took to issue
+    one instance (the lower median over workers of each worker's mean): no ideal runs an op faster
+    than the host can issue it (whatif/host_line.py). The lower median keeps a rank whose host is
+    slow out of the floor, as the robust D* keeps it out of the ideal."""
+    if not table.has_host:
+        return {}
+    known = np.isfinite(table.host_duration)
+    out: dict[str, float] = {}
+    worker = table.dp_rank.astype(np.int64) * (1 << 32) + table.stage.astype(np.int64)
+    for code in np.unique(table.op_type[known]):
+        name = table.op_types[int(code)]
+        if name == O.HOST or name in O.COMMUNICATION_OP_TYPES:
+            continue
+        rows = known & (table.op_type == code)
+        ids, which = np.unique(worker[rows], return_inverse=True)
+        means = np.bincount(which, weights=table.host_duration[rows], minlength=ids.size) / np.bincount(
+            which, minlength=ids.size
+        )
+        out[name] = float(np.sort(means)[(means.size - 1) // 2])
+    return out
 
 
 def replay_restored(prep: Prepared, restore: np.ndarray) -> np.ndarray:

@@ -82,9 +82,12 @@ def measure(
     outlier_tolerance: float = 0.10,
     jitter_sigmas: float = 3.0,
     length_driven: frozenset[str] = frozenset(),
+    host_floor: dict[str, float] | None = None,
 ) -> Durations:
     """Transfer times, trace step times and D*. With `release_start` the layout's start array is
-    dropped afterwards (the replay never needs it; on large jobs it is a third of the memory)."""
+    dropped afterwards (the replay never needs it; on large jobs it is a third of the memory).
+    `host_floor` bounds a compute op type's D* from below by the time the host takes to issue it
+    (batches.host_floors): a device-bound rank's kernels alone are not a step any rank can run."""
     start, duration, present = layout.start, layout.duration, layout.present
     n_slots, n_steps, _ = start.shape
     first = np.full(n_steps, np.inf, dtype=start.dtype)
@@ -136,6 +139,8 @@ def measure(
             value = float(np.median(chosen)) if chosen.size else 0.0
         else:
             value = float(values.mean(dtype=np.float64))
+        if host_floor and name in host_floor and not graph.is_comm[slots[0]]:
+            value = max(value, host_floor[name])
         ideal_by_type[name] = value
         ideal[slots] = value
     jitter = None

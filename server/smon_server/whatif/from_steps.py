@@ -27,6 +27,7 @@ import numpy as np
 
 from smon_server.columns import StepColumns, segment_starts, segmented_running_max
 from smon_server.whatif import ops as O
+from smon_server.whatif.host_line import replay_line
 from smon_server.whatif.ops import OpTable
 
 # Agent span kind -> engine op type. Kinds not listed keep their own name (custom phases).
@@ -86,6 +87,7 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
     `<end>`, and that op's occurrence): what lets tables of consecutive steps built apart be
     merged into one (whatif/merge.py)."""
     cols = _lead_tp(cols)
+    cols, _ = replay_line(cols, SPAN_OP_TYPES)  # device time hidden behind the host (host_line.py)
     order = np.lexsort((cols.step, cols.rank))
     if not np.array_equal(order, np.arange(order.size)):
         cols = cols.take(order)
@@ -131,6 +133,7 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
     rel_start = abs_start[keep] - window_start[window]
     rel_end = abs_end[keep] - window_start[window]
     microbatch, chunk = spans.microbatch[keep], spans.chunk[keep]
+    host_view = spans.host_duration[keep] if spans.host_duration is not None else None
 
     occurrence = _occurrences(op, window, len(names))
     # Untimed host work: the gap before each op (from the furthest end reached so far in its
@@ -174,6 +177,10 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
     out_duration[host_row] = (rel_start - cursor)[host_before]
     out_duration[tail_row] = (length - final)[tail_windows]
     out_mb[op_row], out_chunk[op_row] = microbatch, chunk
+    out_host = np.empty(0)
+    if host_view is not None and np.isfinite(host_view).any():
+        out_host = np.full(total, np.nan)
+        out_host[op_row] = host_view
     out_seq[op_row] = occurrence
     # A host op is named by the op it precedes and that op's occurrence, so rank 0's occasional
     # evaluation or a sleep before each micro-step's forward line up across steps and workers;
@@ -203,6 +210,7 @@ def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str,
         duration=out_duration,
         rank=cols.rank.astype(np.int32)[record],
         seq_sq=_seq_sq(cols, record, out_op, out_mb, name_code),
+        host_duration=out_host,
         ends_at_last_op=True,
     )
     return table, labels
@@ -246,6 +254,7 @@ class _Spans:
         self.duration = pick(cols.span_duration)
         self.microbatch = pick(cols.span_microbatch)
         self.chunk = pick(cols.span_chunk)
+        self.host_duration = pick(cols.span_host_duration) if cols.has_host else None
 
     @classmethod
     def sorted_from(cls, cols: StepColumns) -> _Spans:

@@ -35,6 +35,7 @@ def join_tables(parts: list[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostL
     known: dict[tuple[str, int], int] = {}
     pieces: list[dict[str, np.ndarray]] = []
     ends_at_last_op = True
+    host_parts: list[np.ndarray] = []  # each part's host issue times (NaN-filled for parts without)
     while parts:
         table, table_labels = parts.pop(0)
         type_map = np.empty(len(table.op_types), dtype=np.int32)
@@ -50,6 +51,7 @@ def join_tables(parts: list[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostL
             seq_map[local] = known[label]
         columns = {name: getattr(table, name) for name in OpTable.COLUMNS}
         columns["seq_sq"] = _seq_sq(table)
+        host_parts.append(table.host_duration if table.has_host else np.full(len(table), np.nan))
         if len(table):
             columns["op_type"] = type_map[table.op_type]
         host = table.code(O.HOST)
@@ -64,7 +66,15 @@ def join_tables(parts: list[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostL
     joined: dict[str, np.ndarray] = {}
     for name, dtype in OpTable.COLUMNS.items():
         joined[name] = np.concatenate([piece.pop(name) for piece in pieces]).astype(dtype, copy=False)
-    return OpTable(op_types=tuple(op_types), ends_at_last_op=ends_at_last_op, **joined), labels
+    host_duration = np.concatenate(host_parts) if host_parts else np.empty(0)
+    if not np.isfinite(host_duration).any():
+        host_duration = np.empty(0)
+    return (
+        OpTable(
+            op_types=tuple(op_types), ends_at_last_op=ends_at_last_op, host_duration=host_duration, **joined
+        ),
+        labels,
+    )
 
 
 def drop_unused_types(table: OpTable, keep: np.ndarray | None = None) -> OpTable:
@@ -93,6 +103,7 @@ def drop_unused_types(table: OpTable, keep: np.ndarray | None = None) -> OpTable
         duration=table.duration,
         rank=table.rank,
         seq_sq=table.seq_sq,
+        host_duration=table.host_duration,
         ends_at_last_op=table.ends_at_last_op,
     )
 

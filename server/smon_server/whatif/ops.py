@@ -73,6 +73,9 @@ class OpTable:
     duration: np.ndarray  # float64
     rank: np.ndarray  # int32
     seq_sq: np.ndarray = field(default_factory=lambda: np.empty(0))  # float64, or empty
+    # A device-timed op's host issue time (whatif/host_line.py): NaN where the op has none, empty
+    # when no op has one. Not in COLUMNS: CPU jobs, and window caches of them, carry none.
+    host_duration: np.ndarray = field(default_factory=lambda: np.empty(0))
     # True for tables built from step records, which cover each step whole: the step ends where
     # its last op ends. Traces end a step at the latest optimizer end (the paper's definition).
     ends_at_last_op: bool = False
@@ -117,8 +120,13 @@ class OpTable:
             duration=self.duration[rows],
             rank=self.rank[rows],
             seq_sq=self.seq_sq[rows] if self.seq_sq.shape[0] == len(self) else self.seq_sq,
+            host_duration=self.host_duration[rows] if self.has_host else self.host_duration,
             ends_at_last_op=self.ends_at_last_op,
         )
+
+    @property
+    def has_host(self) -> bool:
+        return bool(len(self)) and self.host_duration.shape[0] == len(self)
 
 
 def p2p_family(op_type: str) -> str:
