@@ -168,14 +168,15 @@ def replay_by_replica(prep: Prepared, healthy: bool = False) -> np.ndarray:
     return _batched(prep, n_dp, n_steps, 2, job)
 
 
-def shared_deviation(measured: np.ndarray, mean: np.ndarray, chunk: int = 64) -> np.ndarray:
+def shared_deviation(measured: np.ndarray, mean: np.ndarray, budget: int = 32 << 20) -> np.ndarray:
     """[n_slots, n_steps]: per slot and step, the lower median over DP ranks of each instance's
     deviation from its worker's mean (0 where it did not run): what every rank lost (or gained)
     on that step together, a machine-wide stall rather than anyone's straggling. Chunked over
-    slots: the median needs a sorted copy of its block."""
+    slots within `budget` bytes: the median needs a partitioned copy of its block."""
     n_slots, n_steps, n_dp = measured.shape
     out = np.zeros((n_slots, n_steps), dtype=measured.dtype)
     k = (n_dp - 1) // 2
+    chunk = max(1, budget // max(1, n_steps * n_dp * measured.dtype.itemsize))
     for lo in range(0, n_slots, chunk):
         block = measured[lo : lo + chunk]
         deviation = np.where(block > 0, block - mean[lo : lo + chunk, None, :], 0.0)
