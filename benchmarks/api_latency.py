@@ -249,7 +249,7 @@ def store_steps(db: Database, url: str, job_id: str, ranks: int) -> tuple[float,
     collector = phase_grids.Collector()
     build = 0.0
     with db.transaction() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, (job_id, 1))
         assert job is not None
         for a in range(-1, STEPS, 64):  # as a cold pass reads: 64 steps at a time
             records = read_window(session=session, job=job, from_step=a, to_step=a + 63)
@@ -267,7 +267,7 @@ def store_steps(db: Database, url: str, job_id: str, ranks: int) -> tuple[float,
 def old_phase_heatmap(db: Database, job_id: str, metric: str) -> bytes:
     """The route before the stored columns: the window's raw records, a body cell by cell."""
     with db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, (job_id, 1))
         assert job is not None
         grid = analysis._raw_phase_grid(session, job, metric, 0, STEPS - 1, None, None)
     body = heatmaps.downsample(grid, max_ranks=512, max_steps=512)
@@ -277,7 +277,7 @@ def old_phase_heatmap(db: Database, job_id: str, metric: str) -> bytes:
 def old_slowdown_body(db: Database, job_id: str) -> bytes:
     """The slowdown heatmap's route before the array-built body (the same stored grid)."""
     with db.session() as session:
-        blob = session.get(AnalysisResult, job_id)
+        blob = session.get(AnalysisResult, (job_id, 1))
         assert blob is not None
         grid = grids.unpack(blob.heatmap)
     body = heatmaps.downsample(grid, max_ranks=512, max_steps=512)
@@ -287,10 +287,10 @@ def old_slowdown_body(db: Database, job_id: str) -> bytes:
 def new_heatmap(db: Database, job_id: str, metric: str) -> bytes:
     """The route's work now, in-process (the same as the old path's figure measures)."""
     with db.session() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, (job_id, 1))
         assert job is not None
         if metric == "slowdown":
-            blob = session.get(AnalysisResult, job_id)
+            blob = session.get(AnalysisResult, (job_id, 1))
             assert blob is not None
             grid = grids.unpack(blob.heatmap)
         else:

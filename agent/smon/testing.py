@@ -9,6 +9,7 @@ demo use it too: `smon.attach(..., nvml=FakeNvml.throttled())`, or in a child pr
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field, fields, replace
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -299,7 +300,7 @@ class FakeCudaEvent:
         return self.done()
 
     def done(self) -> bool:
-        return self.seq >= 0 and self.seq < self._cuda.completed
+        return self.seq >= 0 and self._cuda._completed(self)
 
     def elapsed_time(self, end: FakeCudaEvent) -> float:
         if not (self.done() and end.done()):  # (not counted as queries: torch's does not query)
@@ -352,3 +353,45 @@ class FakeCuda:
             seq = self.recorded
             self.recorded += 1
             return seq, self.device_ms
+
+    def _completed(self, event: FakeCudaEvent) -> bool:
+        return event.seq < self.completed
+
+
+class SimulatedCuda(FakeCuda):
+    """A device that runs on its own: one stream whose kernels (`launch(ms)`) queue behind each
+    other from the moment the host issues them, in real time. An event runs when the device
+    reaches it (at the host's time of recording, or when the kernels before it finish) and has
+    completed once that time has passed; `wait()` blocks the host until the device is idle, as a
+    synchronising call (`loss.item()`, gloo on CUDA tensors) would. With it a CPU job has a real
+    host time line and a device time line that can differ (tests of device time hidden behind
+    the host, tests/e2e/test_device_time.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._origin = time.perf_counter()
+        self._busy_until = 0.0  # ms on the device clock (ms since the origin)
+
+    def _now_ms(self) -> float:
+        return (time.perf_counter() - self._origin) * 1000.0
+
+    def launch(self, ms: float) -> None:
+        """Queue a kernel of `ms` milliseconds."""
+        with self._lock:
+            self._busy_until = max(self._busy_until, self._now_ms()) + ms
+
+    def wait(self) -> None:
+        """Block the host until every kernel issued so far has run."""
+        with self._lock:
+            left = self._busy_until - self._now_ms()
+        if left > 0:
+            time.sleep(left / 1000.0)
+
+    def _stamp(self) -> tuple[int, float]:
+        with self._lock:
+            seq = self.recorded
+            self.recorded += 1
+            return seq, max(self._now_ms(), self._busy_until)
+
+    def _completed(self, event: FakeCudaEvent) -> bool:
+        return event.device_ms is not None and event.device_ms <= self._now_ms()

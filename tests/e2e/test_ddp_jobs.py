@@ -51,10 +51,11 @@ def run_job(
     timeout: float = 240,
     module: str = "smon_server.demo.train",
     steps: int = STEPS,
+    ranks: int = RANKS,
 ) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "SMON_DEMO_QUIET": "1", **env}
     extra = ["--report", str(report)] if report else []
-    command = training_command(RANKS, ["--steps", str(steps), *extra, *args], module=module)
+    command = training_command(ranks, ["--steps", str(steps), *extra, *args], module=module)
     return run_job_command(command, full_env, timeout)
 
 

@@ -189,14 +189,30 @@ def summary(
         analysis_failed_at=utc(result["error_at"])
         if result.get("error") and result.get("error_at")
         else None,
-        data_quality_notes=_notes(job, settings),
+        data_quality_notes=_notes(job, settings, body.get("data_quality") or {}),
     )
     return SummaryOut.model_validate(body)
 
 
-def _notes(job: Job, settings: Settings) -> list[DataQualityNote]:
-    """What the job's data lacked or had too much of, as ingest counted it."""
+def _notes(job: Job, settings: Settings, quality: dict[str, Any]) -> list[DataQualityNote]:
+    """What the job's data lacked or had too much of, as ingest counted it, and how the analysis
+    read what it had."""
     notes = []
+    host_line, device_timed = (
+        int(quality.get("host_line_ops") or 0),
+        int(quality.get("device_timed_ops") or 0),
+    )
+    if host_line:
+        notes.append(
+            DataQualityNote(
+                kind="device_time_behind_host",
+                count=host_line,
+                message=f"{host_line} of {device_timed} device-timed phases ran on steps where the device "
+                "waited for the host, and were replayed by the host's time: device work that grew "
+                "there without delaying the host is not counted as slowdown. The phases shown are "
+                "the device's time",
+            )
+        )
     if job.folded_spans:
         notes.append(
             DataQualityNote(

@@ -65,6 +65,8 @@ def to_summary(
             "reordered_instances": result.quality.reordered_instances,
             "missing_workers": result.quality.missing_workers,
             "invalid_rows": result.quality.invalid_rows,
+            "device_timed_ops": result.quality.device_timed_ops,
+            "host_line_ops": result.quality.host_line_ops,
         },
     }
 

@@ -48,6 +48,8 @@ class LayoutQuality:
     reordered_instances: int  # (step, worker) whose recorded order differs from the template
     missing_workers: int  # (dp rank, stage) pairs never seen in a grid where both ids occur
     invalid_rows: int = 0  # NaN / infinite start or duration, negative duration: dropped
+    device_timed_ops: int = 0  # ops timed on the device that came with the host's view
+    host_line_ops: int = 0  # of those, replayed by the host's time (host-bound steps: host_line.py)
 
 
 @dataclass
@@ -232,9 +234,22 @@ def build_layout(table: OpTable, dtype: npt.DTypeLike = np.float64) -> StepLayou
             absent_ops=max(0, expected - n_present),
             reordered_instances=reordered,
             missing_workers=int((~worker_seen).sum()),
+            **_host_line_counts(table),
         ),
         ends_at_last_op=table.ends_at_last_op,
     )
+
+
+def _host_line_counts(table: OpTable) -> dict[str, int]:
+    """Device-timed ops, and those a host-bound step replays by the host's time: their duration is
+    their host view, exactly (a device span's length equals its host view only by chance)."""
+    if not table.has_host:
+        return {}
+    viewed = np.isfinite(table.host_duration)
+    return {
+        "device_timed_ops": int(viewed.sum()),
+        "host_line_ops": int((viewed & (table.duration == table.host_duration)).sum()),
+    }
 
 
 def _sparse_numbers(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
