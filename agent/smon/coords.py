@@ -62,7 +62,9 @@ def process_identity(
     rank: int | None = None, world_size: int | None = None, local_rank: int | None = None
 ) -> ProcessIdentity:
     """RANK / WORLD_SIZE / LOCAL_RANK as torchrun sets them (a single process otherwise); the
-    arguments, when given, win: launchers that set no RANK (Lightning's own, MPI) know them."""
+    arguments, when given, win: launchers that set no RANK (Lightning's own, MPI) know them.
+    The host is SMON_HOST when set (a container whose host name is the pod's names the node it
+    runs on), else the machine's host name."""
     rank = rank if rank is not None else env_int("RANK") or 0
     world_size = world_size if world_size is not None else env_int("WORLD_SIZE") or 1
     local_rank = local_rank if local_rank is not None else env_int("LOCAL_RANK")
@@ -70,7 +72,7 @@ def process_identity(
         rank=rank,
         world_size=max(world_size, rank + 1),
         local_rank=rank if local_rank is None else local_rank,
-        host=socket.gethostname(),
+        host=os.environ.get("SMON_HOST", "").strip() or socket.gethostname(),
         pid=os.getpid(),
     )
 

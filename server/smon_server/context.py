@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -28,6 +29,11 @@ class ServerContext:
     storage_maintained_at: float = field(default=0.0, init=False)
     # Where job analyses run (jobs/workers.py); None: in this process.
     workers: AnalysisWorkers | None = field(default=None, init=False)
+    # Hosts whose stored figures this process's analyses changed, not yet refreshed, and when
+    # every host's were last refreshed (jobs/loop.py refresh_hosts).
+    hosts_touched: set[str] = field(default_factory=set, init=False)
+    hosts_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    hosts_refreshed_at: float = field(default=0.0, init=False)
     # The gRPC port agents reach, once bound (settings may say 0: a free one).
     grpc_port: int = field(default=0, init=False)
 

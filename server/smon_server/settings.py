@@ -107,6 +107,12 @@ class Settings(BaseSettings):
     max_phase_names: Annotated[int, Field(ge=0, le=16_384)] = 64
 
     metrics_top_k: Annotated[int, Field(ge=0)] = 5
+    # Hosts with `smon_host_*` series: the suspect ones first, then the most straggler jobs.
+    metrics_top_hosts: Annotated[int, Field(ge=0)] = 20
+    # The fleet view (docs/hosts.md): a host charged with stragglers in at least this many
+    # distinct jobs within this many days is `suspect` (the `host_suspect` alert rule).
+    host_suspect_jobs: Annotated[int, Field(ge=1)] = 3
+    host_suspect_days: Annotated[float, Field(gt=0)] = 7.0
     # Finished jobs' series stay this long after the job was last heard from, then go away.
     metrics_finished_grace: Annotated[float, Field(ge=0)] = 900.0
 

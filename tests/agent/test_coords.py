@@ -222,3 +222,16 @@ def test_the_attempt_keeps_the_wire_compatible_both_ways():
     from_old.coords.job, from_old.coords.rank, from_old.coords.world_size = "j", 1, 4
     seen_by_new = pb.Batch.FromString(from_old.SerializeToString())  # a newer server, an older agent
     assert seen_by_new.coords.job == "j" and not seen_by_new.coords.HasField("attempt")
+
+
+def test_smon_host_names_the_host_an_agent_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from smon.coords import process_identity
+
+    monkeypatch.delenv("SMON_HOST", raising=False)
+    assert process_identity().host == socket.gethostname()
+    monkeypatch.setenv("SMON_HOST", " node-17 ")
+    assert process_identity().host == "node-17"
+    monkeypatch.setenv("SMON_HOST", "")  # empty: as if unset
+    assert process_identity().host == socket.gethostname()

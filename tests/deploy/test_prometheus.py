@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 from smon_server.context import ServerContext
 from smon_server.settings import Settings
 from smon_server.store.db import Database
-from smon_server.store.models import AnalysisResult
+from smon_server.store.models import AnalysisResult, HostSummary
 from tests.factories import stored_job
 from tests.tools import debian_tool
 
@@ -61,6 +61,21 @@ def exposition(db: Database) -> bytes:
                 top_workers=[{"rank": 1, "host": "node-1", "gpu_uuid": "GPU-1", "slowdown": 1.4}],
             )
         )
+        s.add(
+            HostSummary(
+                host="node-1",
+                first_seen=now - 600,
+                last_seen=now,
+                jobs=4,
+                straggler_jobs=3,
+                suspect=True,
+                suspect_jobs=3,
+                causes=[{"cause": "slow_worker", "jobs": 3}],
+                gpu_events={},
+                incidents_by_day=[0, 0, 0, 0, 0, 1, 2],
+                refreshed_at=now,
+            )
+        )
     # The registry a server builds and GET /metrics serves (api/metrics.py).
     context = ServerContext(settings=Settings(database_url=db.url, analysis_workers=0), db=db)
     context.ingest_stats.records.labels(kind="step").inc(10)
@@ -72,6 +87,8 @@ def test_metrics_exposition_is_lint_clean(promtool: str, db: Database) -> None:
     text = exposition(db)
     assert b'smon_job_slowdown_ratio{job="slow"} 1.4' in text
     assert b'smon_job_gpu_wasted_seconds_total{job="slow"} 9000.0' in text  # 2.5 GPU-hours
+    assert b'smon_host_straggler_jobs{host="node-1"} 3.0' in text
+    assert b'smon_host_suspect{host="node-1"} 1.0' in text
     done = run(promtool, "check", "metrics", stdin=text)
     assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), (
         done.stdout + done.stderr

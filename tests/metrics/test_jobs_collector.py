@@ -92,3 +92,35 @@ def test_numbers_follow_the_database_without_restart(db: Database) -> None:
         assert row is not None
         row.slowdown = 1.05
     assert registry.get_sample_value("smon_job_slowdown_ratio", {"job": "j"}) == 1.05
+
+
+def test_host_series_are_the_top_k_hosts_suspect_first(db: Database) -> None:
+    from smon_server.store.models import HostSummary
+
+    now = time.time()
+    with db.transaction() as s:
+        for i, (straggled, suspect) in enumerate([(5, False), (3, True), (1, False), (0, False), (2, False)]):
+            s.add(
+                HostSummary(
+                    host=f"node-{i}",
+                    first_seen=now - 600,
+                    last_seen=now,
+                    jobs=10,
+                    straggler_jobs=straggled,
+                    suspect=suspect,
+                    suspect_jobs=straggled,
+                    causes=[],
+                    gpu_events={},
+                    incidents_by_day=[],
+                    refreshed_at=now,
+                )
+            )
+    registry = CollectorRegistry()
+    registry.register(JobsCollector(db, Settings(metrics_top_hosts=2), clock=lambda: now))
+    value = registry.get_sample_value
+    assert value("smon_host_suspect", {"host": "node-1"}) == 1.0  # suspect: first, with 3 jobs
+    assert value("smon_host_straggler_jobs", {"host": "node-1"}) == 3.0
+    assert value("smon_host_straggler_jobs", {"host": "node-0"}) == 5.0
+    assert value("smon_host_suspect", {"host": "node-0"}) == 0.0
+    for host in ("node-2", "node-3", "node-4"):  # past K, or never straggled
+        assert value("smon_host_straggler_jobs", {"host": host}) is None

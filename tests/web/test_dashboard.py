@@ -239,7 +239,8 @@ def test_worker_page_shows_phases_beside_gpu_health(live: tuple[BackgroundServer
     server, job = live
     page.goto(f"{server.http_url}/jobs/{quote(job, safe='')}")
     page.get_by_test_id("stragglers").wait_for(timeout=30_000)
-    page.locator(f"[data-testid=stragglers] tr[data-rank='{SLOW_RANK}'] a").click()
+    rank_link = f"[data-testid=stragglers] tr[data-rank='{SLOW_RANK}'] a[href$='/workers/{SLOW_RANK}']"
+    page.locator(rank_link).click()
     page.wait_for_url(f"**/workers/{SLOW_RANK}")
     page.get_by_test_id("phase-chart").wait_for(timeout=30_000)
     worker = api(server, f"/jobs/{job}/workers/{SLOW_RANK}")

@@ -300,3 +300,80 @@ export async function request<T>(path: string, params: Params = {}, init: Reques
   }
   return (await response.json()) as T;
 }
+
+/** The fleet view (`GET /hosts`, `GET /hosts/{host}`): which hosts keep slowing jobs. */
+export interface GpuEventTotals {
+  xid_count: number;
+  ecc_uncorrected: number;
+  throttle_seconds: Record<string, number>;
+}
+
+export interface HostGpuEvents extends GpuEventTotals {
+  xid: { code: number; time: string; gpu_uuid: string }[];
+  gpus?: Record<string, GpuEventTotals>; // on the host page only
+}
+
+export interface Host {
+  host: string;
+  jobs: number;
+  straggler_jobs: number;
+  gpu_hours_lost: number;
+  causes: { cause: string; jobs: number }[];
+  gpu_events: HostGpuEvents;
+  gpu_faults: number;
+  throttle_seconds: number;
+  suspect: boolean;
+  suspect_jobs: number;
+  last_incident: string | null;
+  incidents_by_day: number[];
+  first_seen: string | null;
+  last_seen: string | null;
+}
+
+export interface HostsPage {
+  hosts: Host[];
+  total: number;
+  limit: number;
+  offset: number;
+  since: string;
+}
+
+export interface HostIncident {
+  job_id: string;
+  attempt: number;
+  rank: number;
+  gpu_uuid: string;
+  cause: string;
+  slowdown: number;
+  job_slowdown: number | null;
+  gpu_hours_lost: number;
+  evidence: Record<string, unknown>;
+  first_seen: string;
+  last_seen: string;
+  counts_toward_suspect: boolean;
+  link: string;
+}
+
+export interface HostGpuEvent {
+  time: string;
+  kind: "xid" | "ecc_uncorrected" | "throttle";
+  code: number | null;
+  reason: string | null;
+  value: number;
+  job_id: string;
+  rank: number;
+}
+
+export interface HostDetail extends Host {
+  since: string;
+  verdict: string;
+  recommendation: string | null;
+  rule: { min_jobs: number; days: number };
+  incidents: HostIncident[];
+  jobs_run: { job_id: string; attempt: number; ranks: number; first_seen: string; last_seen: string }[];
+  gpus: { gpu_uuid: string; events: HostGpuEvent[] }[];
+}
+
+export function hostPath(host: string): string {
+  return `/hosts/${encodeURIComponent(host)}`;
+}

@@ -9,6 +9,8 @@ import { type Info, request, setToken, token } from "./api";
 import { Link } from "./components/ui";
 import { AUTH_NEEDED, usePoll } from "./data";
 import { AlertsPage } from "./pages/Alerts";
+import { HostPage } from "./pages/Host";
+import { HostsPage } from "./pages/Hosts";
 import { JobPage } from "./pages/Job";
 import { JobsPage } from "./pages/Jobs";
 import { WorkerPage } from "./pages/Worker";
@@ -29,7 +31,7 @@ function App() {
 
   useEffect(() => {
     document.title =
-      route.page === "job" ? `${route.jobId} · SMon` : route.page === "worker" ? `rank ${route.rank} · ${route.jobId} · SMon` : route.page === "alerts" ? "Alerts · SMon" : "SMon";
+      route.page === "job" ? `${route.jobId} · SMon` : route.page === "worker" ? `rank ${route.rank} · ${route.jobId} · SMon` : route.page === "alerts" ? "Alerts · SMon" : route.page === "hosts" ? "Hosts · SMon" : route.page === "host" ? `${route.host} · SMon` : "SMon";
   }, [pathname]);
 
   if (askToken) {
@@ -48,6 +50,8 @@ function App() {
   let page;
   if (route.page === "jobs") page = <JobsPage key={authEpoch} search={search} info={i} />;
   else if (route.page === "alerts") page = <AlertsPage key={authEpoch} search={search} info={i} />;
+  else if (route.page === "hosts") page = <HostsPage key={authEpoch} search={search} info={i} />;
+  else if (route.page === "host") page = <HostPage key={`${route.host}|${authEpoch}`} host={route.host} info={i} />;
   else if (route.page === "job") page = <JobPage key={`${route.jobId}|${authEpoch}`} jobId={route.jobId} search={search} info={i} />;
   else if (route.page === "worker") page = <WorkerPage key={`${route.jobId}|${route.rank}|${authEpoch}`} jobId={route.jobId} rank={route.rank} search={search} info={i} />;
   else
@@ -71,6 +75,9 @@ function App() {
         <nav>
           <Link href="/" class={route.page === "jobs" || route.page === "job" || route.page === "worker" ? "active" : ""}>
             Jobs
+          </Link>
+          <Link href="/hosts" class={route.page === "hosts" || route.page === "host" ? "active" : ""}>
+            Hosts
           </Link>
           <Link href="/alerts" class={route.page === "alerts" ? "active" : ""}>
             Alerts

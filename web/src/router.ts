@@ -4,6 +4,8 @@ import { useEffect, useState } from "preact/hooks";
 export type Route =
   | { page: "jobs" }
   | { page: "alerts" }
+  | { page: "hosts" }
+  | { page: "host"; host: string }
   | { page: "job"; jobId: string }
   | { page: "worker"; jobId: string; rank: number }
   | { page: "missing"; path: string };
@@ -12,6 +14,14 @@ export function parse(pathname: string): Route {
   const parts = pathname.split("/").filter((p) => p !== "");
   if (parts.length === 0) return { page: "jobs" };
   if (parts.length === 1 && parts[0] === "alerts") return { page: "alerts" };
+  if (parts.length === 1 && parts[0] === "hosts") return { page: "hosts" };
+  if (parts.length === 2 && parts[0] === "hosts") {
+    try {
+      return { page: "host", host: decodeURIComponent(parts[1]) };
+    } catch {
+      return { page: "missing", path: pathname };
+    }
+  }
   if (parts[0] === "jobs" && parts.length >= 2) {
     let jobId: string;
     try {

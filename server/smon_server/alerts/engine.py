@@ -26,9 +26,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from smon_server.alerts.rules import Rule
+from smon_server.hosts.fleet import DAY, Policy, recommendation, summary_figures
 from smon_server.store import queries
 from smon_server.store.leases import try_lease
-from smon_server.store.models import Alert, AlertCounter, Job, Silence
+from smon_server.store.models import Alert, AlertCounter, HostIncident, HostSummary, Job, Silence
 
 OPEN = ("pending", "firing")
 LEASE = "smon:alert-evaluation"  # one lease for the whole evaluation, beside the per-job ones
@@ -238,6 +239,81 @@ def _gpu_faults(
     return out
 
 
+def _suspect_hosts(
+    session: Session, rules: Sequence[Rule], now: float, policy: Policy | None
+) -> list[Condition]:
+    """One condition per suspect host (its stored figures) with a straggler incident within the
+    rule's clean period: the host, its GPUs, the jobs it slowed and what to do."""
+    rule = next((r for r in rules if r.name == "host_suspect" and r.enabled), None)
+    if rule is None:
+        return []
+    clean = rule.threshold if rule.threshold is not None else 86_400.0
+    policy = policy or Policy()
+    suspects = list(
+        session.scalars(
+            select(HostSummary)
+            .where(HostSummary.suspect.is_(True), HostSummary.last_incident >= now - clean)
+            .order_by(HostSummary.host)
+        )
+    )
+    # Their incidents within the rule's days in one read, newest first (50 a host at most).
+    by_host: dict[str, list[HostIncident]] = {}
+    if suspects:
+        for i in session.scalars(
+            select(HostIncident)
+            .where(
+                HostIncident.host.in_([r.host for r in suspects]),
+                HostIncident.last_seen >= now - policy.suspect_days * DAY,
+            )
+            .order_by(HostIncident.last_seen.desc())
+        ):
+            kept = by_host.setdefault(i.host, [])
+            if len(kept) < 50:
+                kept.append(i)
+    out = []
+    for row in suspects:
+        f = summary_figures(row)
+        incidents = by_host.get(row.host, [])
+        jobs = [
+            {
+                "job_id": i.job_id,
+                "rank": i.rank,
+                "gpu_uuid": i.gpu_uuid,
+                "cause": i.cause,
+                "slowdown": i.slowdown,
+            }
+            for i in incidents
+        ]
+        gpus = sorted(
+            {i.gpu_uuid for i in incidents if i.gpu_uuid}
+            | set((f["gpu_events"].get("gpus") or {}).keys()) - {""}
+        )
+        events = f["gpu_events"]
+        out.append(
+            Condition(
+                rule,
+                "",
+                row.host,
+                rule.severity,
+                f"Host {row.host} slowed {row.suspect_jobs} distinct jobs within "
+                f"{policy.suspect_days:g} days: " + ", ".join(sorted({i.job_id for i in incidents})[:5]),
+                {
+                    "host": row.host,
+                    "gpus": gpus,
+                    "jobs": jobs,
+                    "straggler_jobs": row.suspect_jobs,
+                    "causes": f["causes"],
+                    "gpu_events": {
+                        k: events.get(k) for k in ("xid", "xid_count", "ecc_uncorrected", "throttle_seconds")
+                    },
+                    "cause": f["causes"][0]["cause"] if f["causes"] else None,
+                    "recommendation": recommendation(f),
+                },
+            )
+        )
+    return out
+
+
 def _hang_evidence(session: Session, job_id: str, attempt: int) -> dict[str, Any]:
     """Where each rank stands, from the hang diagnosis of the job attempt's stored analysis
     (which the loop refreshes as soon as a job stalls)."""
@@ -258,7 +334,13 @@ def silenced(alert: Alert, silences: Sequence[Silence], now: float) -> bool:
 
 
 def evaluate(
-    session: Session, *, now: float, rules: Sequence[Rule], stall_seconds: float, horizon: float
+    session: Session,
+    *,
+    now: float,
+    rules: Sequence[Rule],
+    stall_seconds: float,
+    horizon: float,
+    host_policy: Policy | None = None,
 ) -> list[Transition] | None:
     """Evaluate every rule once; None when another replica holds the evaluation lease."""
     if not try_lease(session, LEASE):
@@ -269,6 +351,7 @@ def evaluate(
     found = conditions(rows, rules, now=now, stall_seconds=stall_seconds, session=session)
     found += _dropping(session, rows, rules, now)
     found += _gpu_faults(session, rows, rules, now)
+    found += _suspect_hosts(session, rules, now, host_policy)
     holding = {c.key: c for c in found}
     open_alerts = {a.dedup_key: a for a in session.scalars(select(Alert).where(Alert.state.in_(OPEN)))}
     active_silences = session.scalars(select(Silence).where(Silence.ends_at > now)).all()

@@ -23,6 +23,8 @@ def message(session: Session, alert: Alert, event: str, public_url: str) -> Mess
     """The event with the latest analysis of the job attempt it holds in around it: S, waste,
     worst ranks, cause, advice. Once the job has more than one attempt, the link names it."""
     details = dict(alert.details or {})
+    if not alert.job_id and alert.host:
+        return _host_message(alert, event, details, public_url)
     attempt = int(details.get("attempt") or 1)
     parts = (
         queries.result_parts(session=session, job_id=alert.job_id, attempt=attempt, parts=["summary"]) or {}
@@ -55,6 +57,32 @@ def message(session: Session, alert: Alert, event: str, public_url: str) -> Mess
         ],
         cause=details.get("cause") or lead.get("cause"),
         recommendation=lead.get("recommendation"),
+        details=details,
+    )
+
+
+def _host_message(alert: Alert, event: str, details: dict[str, Any], public_url: str) -> Message:
+    """A per-host alert (host_suspect): the host's page, the jobs it slowed, its GPUs."""
+    jobs = details.get("jobs") or []
+    return Message(
+        event=event,
+        alert_id=alert.id,
+        dedup_key=alert.dedup_key,
+        rule=alert.rule,
+        job_id=alert.job_id,
+        host=alert.host,
+        severity=alert.severity,
+        summary=alert.summary,
+        started_at=alert.fired_at or alert.started_at,
+        resolved_at=alert.resolved_at,
+        link=f"{public_url.rstrip('/')}/hosts/{quote(alert.host, safe='')}",
+        worst_ranks=[
+            f"rank {j['rank']} of job {j['job_id']} ({j.get('cause') or 'unknown cause'}, "
+            f"S_w {float(j.get('slowdown') or 0):.2f})"
+            for j in jobs[:5]
+        ],
+        cause=details.get("cause"),
+        recommendation=details.get("recommendation"),
         details=details,
     )
 

@@ -53,6 +53,11 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     # The job's agents dropped records (send queue full) within the last `threshold` seconds: the
     # server is unreachable or too slow, and the analysis has gaps.
     Rule("agents_dropping_records", "warning", 0.0, 300.0, threshold=600.0),
+    # A host whose own ranks straggled in SMON_HOST_SUSPECT_JOBS distinct jobs within
+    # SMON_HOST_SUSPECT_DAYS days (hosts/fleet.py): one incident per host, not per job. It
+    # resolves once the host has been clean (no new straggler incident) for `threshold` seconds,
+    # or is no longer suspect (docs/hosts.md).
+    Rule("host_suspect", "warning", 0.0, 0.0, threshold=86_400.0),
 )
 
 _KEYS = {"severity", "for", "keep_firing_for", "threshold", "critical_threshold", "enabled"}

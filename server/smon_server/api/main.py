@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from smon_server import __version__, dashboard
-from smon_server.api import alerts, health, info, jobs, metrics
+from smon_server.api import alerts, health, hosts, info, jobs, metrics
 from smon_server.api.deps import require_api_token
 from smon_server.context import ServerContext
 from smon_server.store.db import DATABASE_UNAVAILABLE
@@ -38,6 +38,7 @@ def create_app(context: ServerContext) -> FastAPI:
     app.include_router(info.router)
     app.include_router(jobs.router)
     app.include_router(alerts.router)
+    app.include_router(hosts.router)
     if protected:
 
         @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(require_api_token)])

@@ -258,3 +258,109 @@ class WorkerOut(BaseModel):
     last_heartbeat: dict[str, Any] | None
     steps: list[WorkerStepOut]
     gpu: list[GpuSampleOut]
+
+
+class HostCause(BaseModel):
+    cause: str
+    jobs: int = Field(description="distinct jobs in which the host's ranks straggled with this cause")
+
+
+class XidOut(BaseModel):
+    code: int
+    time: datetime
+    gpu_uuid: str
+
+
+class GpuEventTotals(BaseModel):
+    xid_count: int = 0
+    ecc_uncorrected: int = Field(0, description="new uncorrectable ECC errors")
+    throttle_seconds: dict[str, float] = Field(default_factory=dict, description="seconds by reason")
+
+
+class HostGpuEventsOut(GpuEventTotals):
+    xid: list[XidOut] = Field(
+        default_factory=list, description="the newest XID errors (3 in a list row, 10 on the host page)"
+    )
+    gpus: dict[str, GpuEventTotals] = Field(
+        default_factory=dict, description="the same per GPU UUID (on the host page only)"
+    )
+
+
+class HostOut(BaseModel):
+    host: str
+    jobs: int = Field(description="distinct jobs that ran ranks on the host in the period")
+    straggler_jobs: int = Field(description="distinct jobs in which the host's own ranks straggled")
+    gpu_hours_lost: float = Field(description="GPU-hours those jobs lost to the host's stragglers")
+    causes: list[HostCause]
+    gpu_events: HostGpuEventsOut
+    gpu_faults: int = Field(description="XID errors plus new uncorrectable ECC errors")
+    throttle_seconds: float
+    suspect: bool
+    suspect_jobs: int = Field(description="distinct straggler jobs within the suspect rule's days")
+    last_incident: datetime | None
+    incidents_by_day: list[int] = Field(description="incidents per day of the period, oldest first")
+    first_seen: datetime | None
+    last_seen: datetime | None
+
+
+class HostsOut(BaseModel):
+    hosts: list[HostOut]
+    total: int
+    limit: int
+    offset: int
+    since: datetime
+
+
+class HostIncidentOut(BaseModel):
+    job: str = Field(description="the job's id (DESIGN §6 names it `job`; the same as `job_id`)")
+    job_id: str
+    attempt: int
+    rank: int
+    gpu_uuid: str
+    cause: str
+    slowdown: float = Field(description="S_w: the worst a pass saw")
+    job_slowdown: float | None
+    gpu_hours_lost: float
+    evidence: dict[str, Any]
+    first_seen: datetime
+    last_seen: datetime
+    counts_toward_suspect: bool
+    link: str = Field(description="the job's page in the dashboard")
+
+
+class HostJobOut(BaseModel):
+    job_id: str
+    attempt: int
+    ranks: int
+    first_seen: datetime
+    last_seen: datetime
+
+
+class HostGpuEventOut(BaseModel):
+    time: datetime
+    kind: Literal["xid", "ecc_uncorrected", "throttle"]
+    code: int | None = Field(None, description="the XID")
+    reason: str | None = Field(None, description="the throttle reason")
+    value: float = Field(description="1 per XID; new ECC errors; throttled seconds")
+    job_id: str
+    rank: int
+
+
+class HostGpuOut(BaseModel):
+    gpu_uuid: str
+    events: list[HostGpuEventOut]
+
+
+class HostRule(BaseModel):
+    min_jobs: int
+    days: float
+
+
+class HostDetailOut(HostOut):
+    since: datetime
+    verdict: str = Field(description="why the host is or is not suspect")
+    recommendation: str | None
+    rule: HostRule
+    incidents: list[HostIncidentOut]
+    jobs_run: list[HostJobOut]
+    gpus: list[HostGpuOut]

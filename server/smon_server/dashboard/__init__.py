@@ -1,9 +1,10 @@
 """The on-call dashboard (web/): its built files, served by the API's own app.
 
 The pages are one client-side application, so every dashboard route (DESIGN §6: `/`, `/alerts`,
-`/jobs/{job_id}`, `/jobs/{job_id}/workers/{rank}`) answers the same `index.html`; the page reads
-its state from the URL and its data from the REST API. The HTML and scripts hold no data, so they
-are served without the API token: the page asks for the token and sends it with each API call.
+`/jobs/{job_id}`, `/jobs/{job_id}/workers/{rank}`, `/hosts`, `/hosts/{host}`) answers the same
+`index.html`; the page reads its state from the URL and its data from the REST API. The HTML and
+scripts hold no data, so they are served without the API token: the page asks for the token and
+sends it with each API call.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def mount(app: FastAPI) -> None:
             return HTMLResponse(NOT_BUILT, status_code=503, headers=SECURITY_HEADERS)
         return FileResponse(DIST / "index.html", media_type="text/html", headers=SECURITY_HEADERS)
 
-    for path in ("/", "/alerts", "/jobs/{job_path:path}"):
+    for path in ("/", "/alerts", "/hosts", "/hosts/{host_path:path}", "/jobs/{job_path:path}"):
         app.add_api_route(path, index, methods=["GET"], include_in_schema=False, response_model=None)
     # Asset names carry a content hash: they never change, so browsers keep them.
     app.mount("/assets", ImmutableFiles(directory=DIST / "assets", check_dir=False), name="assets")

@@ -15,10 +15,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from smon_server.alerts import engine as alert_engine
 from smon_server.alerts import outbox
 from smon_server.context import ServerContext
+from smon_server.hosts import fleet
+from smon_server.hosts import record as host_record
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import failures, trend, waste
 from smon_server.jobs.workers import is_big
@@ -111,6 +114,12 @@ def analysis_pass(context: ServerContext, now: float) -> int:
     else:
         done = sum(one(job) for job in jobs)
     try:
+        refresh_hosts(context, now)
+    except DATABASE_UNAVAILABLE as exc:
+        context.db.availability.failed(exc, "host refreshes skipped")
+    except Exception:
+        log.exception("host refresh failed; retrying next pass")
+    try:
         settings = context.settings
         with context.db.transaction() as session:
             transitions = alert_engine.evaluate(
@@ -119,6 +128,7 @@ def analysis_pass(context: ServerContext, now: float) -> int:
                 rules=context.alert_rules,
                 stall_seconds=settings.stall_seconds,
                 horizon=max(settings.metrics_finished_grace, settings.stall_seconds),
+                host_policy=fleet.Policy.of(settings),
             )
             for t in transitions or []:
                 alert = session.get(Alert, t.alert_id)
@@ -253,4 +263,51 @@ def _analyse_leased(
         if result.get("phase_columns") is not None:
             phase_grids.write(session, job.key, result["phase_columns"])
         trend.store(session, row, result.get("trend") or [], now)
+        _charge_hosts(context, session, job, row, now)
     return True
+
+
+def _charge_hosts(
+    context: ServerContext, session: Session, job: Job, row: AnalysisResult, now: float
+) -> None:
+    """The fleet view's rollups of the job's new analysis and GPU samples (hosts/record.py), in
+    a savepoint on PostgreSQL: a failure there is logged and leaves the job's own result standing
+    (pysqlite's savepoints are unreliable: on SQLite a failure fails the job's pass, as any other)."""
+    try:
+        with session.begin_nested() if context.db.is_postgres else contextlib.nullcontext():
+            touched = host_record.record(session, job=job, result=row, now=now)
+    except DATABASE_UNAVAILABLE:
+        raise
+    except Exception:
+        log.exception("host rollups of job %s (attempt %d) failed", job.job_id, job.attempt)
+        return
+    with context.hosts_lock:
+        context.hosts_touched |= touched
+
+
+HOSTS_LEASE = "smon/hosts-refresh"
+
+
+def refresh_hosts(context: ServerContext, now: float) -> None:
+    """The stored host figures of the hosts this process's passes touched, and of every host
+    every few minutes (incidents age out), by one replica at a time; hosts another replica's
+    refresh would have taken wait for the next pass."""
+    with context.hosts_lock:
+        touched, context.hosts_touched = context.hosts_touched, set()
+    full = now - context.hosts_refreshed_at >= fleet.FULL_REFRESH_SECONDS
+    if not touched and not full:
+        return
+    try:
+        with context.db.transaction() as session:
+            if not try_lease(session, HOSTS_LEASE):
+                with context.hosts_lock:
+                    context.hosts_touched |= touched
+                return
+            policy = fleet.Policy.of(context.settings)
+            fleet.refresh(session, now=now, policy=policy, hosts=None if full else touched)
+        if full:
+            context.hosts_refreshed_at = now
+    except Exception:
+        with context.hosts_lock:
+            context.hosts_touched |= touched
+        raise

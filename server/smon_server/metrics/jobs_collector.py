@@ -24,10 +24,14 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from smon_server.hosts.fleet import DAY, PERIOD_DAYS
 from smon_server.settings import Settings
 from smon_server.store import queries
 from smon_server.store.db import DATABASE_UNAVAILABLE, Database
+from smon_server.store.models import HostSummary
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,7 @@ class JobsCollector(Collector):
                 drops = queries.dropped_records(session=session, job_ids=job_ids)
                 wasted = queries.gpu_hours_wasted(session=session, job_ids=job_ids)
                 firing = queries.firing_alerts(session=session)
+                hosts = top_hosts(session, now=now, k=self.settings.metrics_top_hosts)
         except DATABASE_UNAVAILABLE as exc:
             self.db.availability.failed(exc, "metrics scrapes without job series")
             up.add_metric([], 0.0)
@@ -122,3 +127,36 @@ class JobsCollector(Collector):
                 host, uuid = str(w.get("host", "")), str(w.get("gpu_uuid", ""))
                 workers.add_metric([job_id, str(w["rank"]), host, host, uuid], float(w["slowdown"]))
         yield from (slowdown, waste, wasted_seconds, step, stalled, flagged, workers, dropped, alerts)
+        yield from host_metrics(hosts)
+
+
+def top_hosts(session: Session, *, now: float, k: int) -> list[HostSummary]:
+    """The k hosts a fleet dashboard needs (stored figures, hosts/fleet.py): suspect ones first,
+    then those that straggled in the most jobs; hosts that never straggled are left out, so the
+    series stay few however large the fleet."""
+    if k <= 0:
+        return []
+    stmt = (
+        select(HostSummary)
+        .where(HostSummary.last_seen >= now - PERIOD_DAYS * DAY, HostSummary.straggler_jobs > 0)
+        .order_by(HostSummary.suspect.desc(), HostSummary.straggler_jobs.desc(), HostSummary.host)
+        .limit(k)
+    )
+    return list(session.scalars(stmt))
+
+
+def host_metrics(hosts: list[HostSummary]) -> Iterator[Metric]:
+    jobs = GaugeMetricFamily(
+        "smon_host_straggler_jobs",
+        "Distinct jobs in which the host's own ranks straggled, over the last 7 days (top-K hosts)",
+        labels=["host"],
+    )
+    suspect = GaugeMetricFamily(
+        "smon_host_suspect",
+        "1 when the host straggled in SMON_HOST_SUSPECT_JOBS jobs within SMON_HOST_SUSPECT_DAYS days",
+        labels=["host"],
+    )
+    for h in hosts:
+        jobs.add_metric([h.host], float(h.straggler_jobs))
+        suspect.add_metric([h.host], 1.0 if h.suspect else 0.0)
+    yield from (jobs, suspect)

@@ -21,6 +21,7 @@ from sqlalchemy import (
     LargeBinary,
     SmallInteger,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -345,3 +346,105 @@ class AlertCounter(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[int] = mapped_column(BigInteger)
     changed_at: Mapped[float] = mapped_column(Double)
+
+
+class HostJob(Base):
+    """A job attempt that ran ranks on a host (hosts/record.py): the "jobs run" of the fleet view,
+    kept after the job's raw steps and agents' details go. `gpu_scanned_until` is how far the
+    job's NVML samples were turned into the host's GPU events."""
+
+    __tablename__ = "host_jobs"
+    __table_args__ = (Index("ix_host_jobs_last_seen", "last_seen"),)
+
+    host: Mapped[str] = mapped_column(String(256), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    ranks: Mapped[int] = mapped_column(Integer, default=0)
+    gpus: Mapped[list[Any]] = mapped_column(JsonType)  # GPU UUIDs its ranks reported
+    first_seen: Mapped[float] = mapped_column(Double)
+    last_seen: Mapped[float] = mapped_column(Double)
+    gpu_scanned_until: Mapped[float | None] = mapped_column(Double, default=None)
+
+
+class HostIncident(Base):
+    """A rank named a straggler by a job's stored analysis, charged to the rank's own host
+    (hosts/record.py says which causes count and when a job-wide slowdown counts against none).
+    One row per (job attempt, rank): later passes widen its time span and keep its worst S_w."""
+
+    __tablename__ = "host_incidents"
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", "rank", name="uq_host_incidents_rank"),
+        Index("ix_host_incidents_host_last_seen", "host", "last_seen"),
+        Index("ix_host_incidents_last_seen", "last_seen"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(String(256))
+    job_id: Mapped[str] = mapped_column(String(256))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    gpu_uuid: Mapped[str] = mapped_column(String(128), default="")
+    dp_rank: Mapped[int | None] = mapped_column(Integer, default=None)
+    stage: Mapped[int | None] = mapped_column(Integer, default=None)
+    cause: Mapped[str] = mapped_column(String(32))
+    slowdown: Mapped[float] = mapped_column(Double)  # S_w, the worst a pass saw
+    job_slowdown: Mapped[float | None] = mapped_column(Double, default=None)
+    # The job's GPU-hours lost to stragglers, times this rank's share of them.
+    gpu_hours_lost: Mapped[float] = mapped_column(Double, default=0.0)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    first_seen: Mapped[float] = mapped_column(Double)  # the analysed window's start
+    last_seen: Mapped[float] = mapped_column(Double)  # ... and its end, over every pass
+    computed_at: Mapped[float] = mapped_column(Double)
+
+
+class HostGpuEvent(Base):
+    """A GPU health event on a host, derived from stored NVML samples (hosts/gpu_events.py): an
+    XID error (`code`), new uncorrectable ECC errors (`value` new, `total` the counter), or a
+    stretch of throttling for one `reason` (`value` seconds). Kept like incidents, past retention."""
+
+    __tablename__ = "host_gpu_events"
+    __table_args__ = (
+        Index("ix_host_gpu_events_host_time", "host", "time"),
+        Index("ix_host_gpu_events_time", "time"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(String(256))
+    gpu_uuid: Mapped[str] = mapped_column(String(128), default="")
+    job_id: Mapped[str] = mapped_column(String(256))
+    rank: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))  # xid, ecc_uncorrected, throttle
+    time: Mapped[float] = mapped_column(Double)
+    code: Mapped[int | None] = mapped_column(BigInteger, default=None)  # the XID
+    reason: Mapped[str] = mapped_column(String(32), default="")  # the throttle reason
+    value: Mapped[float] = mapped_column(Double, default=0.0)
+    total: Mapped[int | None] = mapped_column(BigInteger, default=None)  # ECC counter reading
+
+
+class HostSummary(Base):
+    """One host's figures over the default period (hosts/fleet.py), refreshed by the analysis
+    loop: what `GET /hosts`, the host metrics and the `host_suspect` rule read, so a list of
+    10,000 hosts is one sorted read, not an aggregation of every incident."""
+
+    __tablename__ = "host_summaries"
+    __table_args__ = (
+        Index("ix_host_summaries_order", "suspect", "straggler_jobs", "gpu_hours_lost", "host", "last_seen"),
+    )
+
+    host: Mapped[str] = mapped_column(String(256), primary_key=True)
+    first_seen: Mapped[float] = mapped_column(Double)
+    last_seen: Mapped[float] = mapped_column(Double)
+    jobs: Mapped[int] = mapped_column(Integer, default=0)
+    straggler_jobs: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_hours_lost: Mapped[float] = mapped_column(Double, default=0.0)
+    gpu_faults: Mapped[int] = mapped_column(Integer, default=0)  # XIDs + new uncorrectable ECC
+    throttle_seconds: Mapped[float] = mapped_column(Double, default=0.0)
+    last_incident: Mapped[float | None] = mapped_column(Double, default=None)
+    suspect: Mapped[bool] = mapped_column(Boolean, default=False)
+    suspect_jobs: Mapped[int] = mapped_column(Integer, default=0)  # distinct jobs in the rule's days
+    causes: Mapped[list[Any]] = mapped_column(JsonType)  # [{cause, jobs}] most jobs first
+    gpu_events: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    incidents_by_day: Mapped[list[Any]] = mapped_column(JsonType)  # oldest day first
+    # The host's row of `GET /hosts` as JSON text (views/hosts.py), served without decoding.
+    row_json: Mapped[str] = mapped_column(Text, default="")
+    refreshed_at: Mapped[float] = mapped_column(Double)

@@ -2,6 +2,7 @@
 import { useEffect, useMemo, useState } from "preact/hooks";
 
 import {
+  hostPath,
   type Alert,
   type Attempt,
   type Heatmap as HeatmapData,
@@ -200,7 +201,7 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
                     <td class="num">
                       <Link href={workerHref(x.rank)}>{x.rank}</Link>
                     </td>
-                    <td>{x.host}</td>
+                    <td>{x.host ? <Link href={hostPath(x.host)}>{x.host}</Link> : "–"}</td>
                     <td class="num">{x.dp_rank}</td>
                     <td class="num">{x.stage}</td>
                     <td class="num">

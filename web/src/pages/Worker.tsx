@@ -2,7 +2,7 @@
 // time axis (the cursor moves on both charts together).
 import { useMemo } from "preact/hooks";
 
-import { type Info, type Worker, jobPath, request } from "../api";
+import { hostPath, type Info, type Worker, jobPath, request } from "../api";
 import { LineChart, type Series } from "../components/LineChart";
 import { ErrorBanner, Link, Loading, Section, SlowdownBadge, Stat } from "../components/ui";
 import { usePoll } from "../data";
@@ -110,7 +110,7 @@ export function WorkerPage({ jobId, rank, search, info }: { jobId: string; rank:
         <>
           <div class="stats">
             <Stat label="S_w" value={<SlowdownBadge value={d.slowdown} />} note="the job's slowdown with only this worker's own durations" />
-            <Stat label="Host" value={<span class="small-value">{d.host || "–"}</span>} note={d.gpu_uuid ? `GPU ${d.gpu_uuid}` : "no GPU reported"} />
+            <Stat label="Host" value={<span class="small-value">{d.host ? <Link href={hostPath(d.host)}>{d.host}</Link> : "–"}</span>} note={d.gpu_uuid ? `GPU ${d.gpu_uuid}` : "no GPU reported"} />
             <Stat label="Coordinates" value={`DP ${d.dp_rank} · PP ${d.stage} · TP ${d.tp_rank}`} />
             <Stat
               label="Heartbeat"

@@ -26,6 +26,8 @@ class PagerDuty:
         if m.event != "firing":
             return body  # acknowledge / resolve need nothing else
         details: dict[str, Any] = {"job": m.job_id, "rule": m.rule, **m.details}
+        if not m.job_id:  # a per-host rule: the host, its GPUs and the jobs are in m.details
+            details.pop("job")
         if m.worst_ranks:
             details["worst_ranks"] = m.worst_ranks
         if m.recommendation:
@@ -34,10 +36,11 @@ class PagerDuty:
             "summary": m.summary[:1024],
             "source": m.host or m.job_id,
             "severity": _SEVERITY.get(m.severity, "error"),
-            "component": m.job_id,
+            "component": m.job_id or m.host,
             "group": m.rule,
             "class": m.cause or m.rule,
             "custom_details": details,
         }
-        body["links"] = [{"href": m.link, "text": f"Job {m.job_id} in SMon"}]
+        what = f"Job {m.job_id}" if m.job_id else f"Host {m.host}"
+        body["links"] = [{"href": m.link, "text": f"{what} in SMon"}]
         return body

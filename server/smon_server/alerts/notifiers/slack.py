@@ -22,13 +22,16 @@ class Slack:
             else f":rotating_light: {m.severity.upper()}"
         )
         text = f"{icon}: {m.summary}"
-        facts = [f"*Job*\n{m.job_id}"]
+        facts = [f"*Job*\n{m.job_id}"] if m.job_id else [f"*Host*\n{m.host}"]
+        if not m.job_id and m.details.get("gpus"):
+            facts.append("*GPUs*\n" + "\n".join(str(g) for g in m.details["gpus"][:8]))
         if m.slowdown is not None:
             facts.append(f"*Slowdown S*\n{m.slowdown:.2f}x")
         if m.waste_fraction is not None:
             facts.append(f"*GPU time lost*\n{100 * m.waste_fraction:.0f}%")
         if m.worst_ranks:
-            facts.append("*Worst ranks*\n" + "\n".join(m.worst_ranks[:5]))
+            title = "*Worst ranks*" if m.job_id else "*Jobs it slowed*"
+            facts.append(title + "\n" + "\n".join(m.worst_ranks[:5]))
         blocks: list[dict[str, Any]] = [
             {"type": "header", "text": {"type": "plain_text", "text": text[:150]}},
             {"type": "section", "fields": [{"type": "mrkdwn", "text": f} for f in facts]},

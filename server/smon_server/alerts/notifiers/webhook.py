@@ -33,6 +33,11 @@ class Webhook:
         annotations = {"summary": m.summary}
         if m.recommendation:
             annotations["description"] = m.recommendation
+        if not m.job_id and m.host:  # a per-host rule: its GPUs and the jobs it slowed
+            annotations["gpus"] = ", ".join(str(g) for g in m.details.get("gpus") or [])
+            annotations["jobs"] = ", ".join(
+                sorted({str(j.get("job_id")) for j in m.details.get("jobs") or []})
+            )
         alert = {
             "status": status,
             "labels": labels,
