@@ -10,8 +10,11 @@ pass and reads `GET /api/v1/jobs/{job}/summary`.
 Truth = the straggling job's per-iteration time over the clean job's, from the training script's
 own wall times (`--report`): per iteration the mean over ranks, the first 10 iterations dropped
 (warm-up, as the server does). Median-based for a persistent straggler; mean-based for a periodic
-one (rank-0 evaluation every N steps, a GC pause every N steps), whose 1-in-N spikes do not move a
-median. Both ratios are in the JSON rows.
+or intermittent one (rank-0 evaluation every N steps, a GC pause every N steps, a data loader whose
+prefetch runs dry now and then), whose 1-in-N spikes do not move a median. Both ratios are in the
+JSON rows. A case whose job needs other arguments (`data_prefetch`: 2 DataLoader workers) gets a
+clean job of its own with them. `S_w waiting (max)` is the largest S_w among the ranks that only
+wait for the straggler (they should read about 1).
 
 The healthy case runs with real arithmetic (`--device-ms 0`) and no knob, `--repeats` times per rank
 count; the truth is 1 by construction, and the row shows S (median, min-max) and how many ranks
@@ -55,8 +58,10 @@ class Case:
     name: str
     title: str
     knob: tuple[str, ...]
-    statistic: str  # "median" (persistent straggler) or "mean" (periodic)
+    statistic: str  # "median" (persistent straggler) or "mean" (periodic, intermittent)
     expected_rank: int
+    # Arguments the case's clean job needs too (it then gets a clean job of its own).
+    clean_args: tuple[str, ...] = ()
 
 
 CASES = [
@@ -66,7 +71,18 @@ CASES = [
     Case("gc", "GC pauses", ("--gc-rank", "1", "--gc-every", "4"), "mean", 1),
     Case("host", "untimed host work", ("--host-rank", "1", "--host-delay", "{d}"), "median", 1),
     Case("eval", "rank-0 periodic eval", ("--eval-every", "10", "--eval-batches", "10"), "mean", 0),
+    # "{batch}": rank 1's dataset time per batch, 2.5 of its clean job's iterations: its 2 workers
+    # cannot keep up, so it waits a whole batch on some steps and nothing on others (issue 29).
+    Case(
+        "data_prefetch",
+        "slow data, prefetch runs dry",
+        ("--slow-data-rank", "1", "--data-delay", "{batch}"),
+        "mean",
+        1,
+        clean_args=("--workers", "2"),
+    ),
 ]
+BATCH_IN_CLEAN_STEPS = 2.5
 HEALTHY = "healthy"
 
 
@@ -149,7 +165,11 @@ class Bench:
         analysis_pass(self.server.context, time.time())
         response = httpx.get(f"{url}/api/v1/jobs/{job}/summary", timeout=60)
         response.raise_for_status()
-        return dict(response.json())
+        summary = dict(response.json())
+        grid = httpx.get(f"{url}/api/v1/jobs/{job}/workers", timeout=60)
+        grid.raise_for_status()
+        summary["_workers"] = grid.json()
+        return summary
 
 
 def iteration_times(report: Path, ranks: int) -> list[float]:
@@ -178,7 +198,15 @@ def summary_fields(summary: dict[str, Any] | None) -> dict[str, Any]:
         "m_w": summary.get("m_w"),
         "by_dp_rank": (summary.get("attribution") or {}).get("by_dp_rank"),
         "by_op_type": (summary.get("attribution") or {}).get("by_op_type"),
+        "s_w": _s_w_by_dp_rank(summary.get("_workers")),
     }
+
+
+def _s_w_by_dp_rank(grid: dict[str, Any] | None) -> dict[int, float | None]:
+    """S_w of each DP rank (stage 0) from GET /workers."""
+    if not grid:
+        return {}
+    return {int(dp): row[0] for dp, row in zip(grid["dp_ranks"], grid["values"], strict=True) if row}
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -208,6 +236,10 @@ def case_row(case: Case | None, run: JobRun, clean: JobRun) -> dict[str, Any]:
         "error": run.error,
         **summary_fields(run.summary),
     }
+    if case is not None:
+        # The ranks that only wait for the straggler: their S_w should stay near 1.
+        others = [v for dp, v in (row.get("s_w") or {}).items() if dp != case.expected_rank and v is not None]
+        row["waiting_s_w_max"] = max(others) if others else None
     s = row.get("s")
     row["s_over_truth"] = ratio(s, truth)
     row["error_pct"] = None if row["s_over_truth"] is None else 100 * (row["s_over_truth"] - 1)
@@ -265,6 +297,7 @@ COLUMNS = [
     "error %",
     "estimator",
     "stragglers named",
+    "S_w waiting (max)",
     "leading cause",
     "sim. discrepancy",
 ]
@@ -300,6 +333,7 @@ def cells(row: dict[str, Any]) -> list[str]:
         fmt(row.get("error_pct"), "+.1f"),
         row.get("estimator") or "-",
         named,
+        fmt(row.get("waiting_s_w_max"), ".3f"),
         cause,
         fmt(row.get("simulation_discrepancy"), ".3f"),
     ]
@@ -375,11 +409,19 @@ def main() -> int:
                     device_ms = args.device_ms * max(1.0, ranks / 4)
                     base = ["--device-ms", f"{device_ms:g}"]
                     print(f"{ranks} ranks: clean job, then {len(cases)} straggling", file=sys.stderr)
-                    clean = bench.run("clean", ranks, base)
-                    rows.append(case_row(None, clean, clean))
+                    cleans: dict[tuple[str, ...], JobRun] = {}
                     for case in cases:
-                        knob = [k.replace("{d}", f"{device_ms / 1000:g}") for k in case.knob]
-                        run = bench.run(case.name, ranks, [*base, *knob])
+                        if case.clean_args not in cleans:
+                            clean = bench.run("clean", ranks, [*base, *case.clean_args])
+                            cleans[case.clean_args] = clean
+                            rows.append(case_row(None, clean, clean))
+                        clean = cleans[case.clean_args]
+                        batch = BATCH_IN_CLEAN_STEPS * (clean.stat("mean") or device_ms * 4e-3)
+                        knob = [
+                            k.replace("{d}", f"{device_ms / 1000:g}").replace("{batch}", f"{batch:.4f}")
+                            for k in case.knob
+                        ]
+                        run = bench.run(case.name, ranks, [*base, *case.clean_args, *knob])
                         rows.append(case_row(case, run, clean))
             if HEALTHY in args.case_names:
                 for ranks in args.healthy_ranks:

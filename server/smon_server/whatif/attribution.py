@@ -15,6 +15,13 @@ Decomposition (docs/analysis.md): the excess S - 1 splits, by construction, into
 - rest: everything but forward / backward compute (communication, gc, data wait, ...).
 The four parts sum to S - 1; diagnosis turns them into causes.
 
+Under the robust estimator (a jitter allowance present) a DP rank's add-back is set against the
+same rank at its healthy durations, D* plus its own ordinary jitter plus what its DP peers lost
+on the same step (sources.ReplicaJitterSource, batches.shared_deviation), rather than against the
+jitter-free T(D*): `S_dp = T(D*, rank measured) / T(D*, rank healthy)`. A rank that only waits
+for a straggler jitters like every rank and stalls when the whole machine does; against a
+jitter-free reference that alone read S_w 1.10-1.15 on a shared CPU, beside the straggler's 1.3.
+
 The op-type, stage, M_S and family variants run as one batch of restore masks; DP ranks run in the
 two-replica form (sources.ReplicaSource); M_W needs S_w first, so it runs last.
 """
@@ -58,13 +65,20 @@ def attribute(prep: Prepared, step_time: np.ndarray, ideal: float, top_fraction:
 
     # Restoring the only replica restores everything.
     t_dp = replay_by_replica(prep) if n_dp > 1 else step_time[None, :].copy()
+    # Each rank's add-back is set against the same rank at its healthy durations where the robust
+    # estimator gives a jitter allowance (else against T(D*)): a rank that only waits for a
+    # straggler is not blamed for its own ordinary jitter, nor for steps every rank lost.
+    t_dp_ref: np.ndarray | float = ideal
+    if n_dp > 1 and prep.durations.jitter is not None:
+        t_dp_ref = replay_by_replica(prep, healthy=True)
 
     def overall(t: np.ndarray) -> np.ndarray:
         return t.mean(axis=1) / ideal
 
-    s_dp, s_stage = overall(t_dp), overall(t_stage)
+    s_dp, s_stage = _ratio_of_means(t_dp, t_dp_ref), overall(t_stage)
+    dp_step = t_dp / t_dp_ref
     worker = np.minimum(s_dp[:, None], s_stage[None, :])
-    worker_step = np.minimum((t_dp / ideal)[:, None, :], (t_stage / ideal)[None, :, :])
+    worker_step = np.minimum(dp_step[:, None, :], (t_stage / ideal)[None, :, :])
     seen = layout.ranks >= 0
     if not seen.all() and (layout.ranks != -1).any():
         worker = np.where(seen, worker, np.nan)
@@ -93,7 +107,7 @@ def attribute(prep: Prepared, step_time: np.ndarray, ideal: float, top_fraction:
         op_type=overall(t_type),
         op_type_step=t_type / ideal,
         dp=s_dp,
-        dp_step=t_dp / ideal,
+        dp_step=dp_step,
         stage=s_stage,
         stage_step=t_stage / ideal,
         worker=worker,
@@ -105,6 +119,13 @@ def attribute(prep: Prepared, step_time: np.ndarray, ideal: float, top_fraction:
         m_s_add=addition(t_stage[-1]),
         decomposition=_decompose(prep, compute, ideal, base, float(t_compute.mean()), float(t_comm.mean())),
     )
+
+
+def _ratio_of_means(t: np.ndarray, reference: np.ndarray | float) -> np.ndarray:
+    """Per row of `t` [variant, step]: mean step time over the reference's (a scalar, or the
+    same shape as `t`)."""
+    ref = reference.mean(axis=1) if isinstance(reference, np.ndarray) else np.full(t.shape[0], reference)
+    return np.asarray(np.divide(t.mean(axis=1), ref, out=np.ones(t.shape[0]), where=ref > 0))
 
 
 def _decompose(

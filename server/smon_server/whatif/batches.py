@@ -24,7 +24,13 @@ from smon_server.whatif.graph import StepGraph, build_graph
 from smon_server.whatif.layout import StepLayout, build_layout
 from smon_server.whatif.ops import OpTable
 from smon_server.whatif.replay import Program, compile_program, run
-from smon_server.whatif.sources import IdealSource, JitterSource, MaskedSource, ReplicaSource
+from smon_server.whatif.sources import (
+    IdealSource,
+    JitterSource,
+    MaskedSource,
+    ReplicaJitterSource,
+    ReplicaSource,
+)
 
 
 @dataclass(frozen=True)
@@ -141,17 +147,41 @@ def replay_restored(prep: Prepared, restore: np.ndarray) -> np.ndarray:
     return _batched(prep, restore.shape[0], n_steps, n_dp, job)
 
 
-def replay_by_replica(prep: Prepared) -> np.ndarray:
-    """Step times [dp rank, step] of add-back by DP rank (two replicas per variant)."""
-    measured, ideal = prep.durations.measured, prep.durations.ideal
+def replay_by_replica(prep: Prepared, healthy: bool = False) -> np.ndarray:
+    """Step times [dp rank, step] of add-back by DP rank (two replicas per variant); with
+    `healthy` (and a jitter allowance), of each rank at its healthy durations instead."""
+    measured, ideal, jitter = prep.durations.measured, prep.durations.ideal, prep.durations.jitter
     n_steps, n_dp = measured.shape[1], measured.shape[2]
 
+    shared = shared_deviation(measured, jitter.mean) if healthy and jitter is not None else None
+
     def job(v0: int, v1: int, s0: int, s1: int) -> Callable[[], np.ndarray]:
-        source = ReplicaSource(measured[:, s0:s1, v0:v1], ideal)
+        block = measured[:, s0:s1, v0:v1]
+        source: ReplicaSource | ReplicaJitterSource
+        if shared is not None and jitter is not None:
+            source = ReplicaJitterSource(block, ideal, jitter.mean[:, v0:v1], jitter.cap, shared[:, s0:s1])
+        else:
+            source = ReplicaSource(block, ideal)
         shape = (v1 - v0, s1 - s0, 2)
         return lambda: run(prep.program, source, shape, 2, prep.dtype)
 
     return _batched(prep, n_dp, n_steps, 2, job)
+
+
+def shared_deviation(measured: np.ndarray, mean: np.ndarray, budget: int = 32 << 20) -> np.ndarray:
+    """[n_slots, n_steps]: per slot and step, the lower median over DP ranks of each instance's
+    deviation from its worker's mean (0 where it did not run): what every rank lost (or gained)
+    on that step together, a machine-wide stall rather than anyone's straggling. Chunked over
+    slots within `budget` bytes: the median needs a partitioned copy of its block."""
+    n_slots, n_steps, n_dp = measured.shape
+    out = np.zeros((n_slots, n_steps), dtype=measured.dtype)
+    k = (n_dp - 1) // 2
+    chunk = max(1, budget // max(1, n_steps * n_dp * measured.dtype.itemsize))
+    for lo in range(0, n_slots, chunk):
+        block = measured[lo : lo + chunk]
+        deviation = np.where(block > 0, block - mean[lo : lo + chunk, None, :], 0.0)
+        out[lo : lo + chunk] = np.partition(deviation, k, axis=2)[:, :, k]
+    return out
 
 
 def _batched(

@@ -46,7 +46,7 @@ import numpy as np
 
 from smon_server.whatif.graph import StepGraph
 from smon_server.whatif.layout import StepLayout
-from smon_server.whatif.robust import NOISE_MARGIN, jitter_against, lower_median_index, robust_sigma
+from smon_server.whatif.robust import beyond_noise, lower_median_index, robust_sigma
 
 
 @dataclass(frozen=True)
@@ -201,8 +201,8 @@ def _robust_mean(
     `values` is [k slots, steps, dp] of one op type. Per stage, each DP worker's cost per step is
     compared with the *lower* median of its peers (for 2 workers: the faster one, so a straggler
     cannot hide in the reference); a worker more than max(tolerance x reference, 3 robust sigmas,
-    50 µs) above it, and more than 2 robust sigmas of its step-to-step difference from that
-    reference worker, is left out. Workers with no instance of the op type at all are peers at zero
+    50 µs) above it, and beyond noise against that reference worker (robust.beyond_noise), is
+    left out. Workers with no instance of the op type at all are peers at zero
     cost (rank 0's evaluation: the others do none), as in the paper's mean."""
     total, count = 0.0, 0
     left_out: list[tuple[int, int]] = []
@@ -218,13 +218,13 @@ def _robust_mean(
             reference = float(per_worker[ref_worker])
             spread = float(robust_sigma(peers)) if peers.size >= 5 else 0.0
             limit = reference + max(tolerance * reference, 3.0 * spread, ABSOLUTE_TOLERANCE)
-            # ... and beyond its own step-to-step jitter against the reference worker: heavy
-            # tails of a shared host (a transfer now and then 4x its median) are not a straggler.
+            # ... and beyond noise against the reference worker (robust.beyond_noise): heavy
+            # tails of a shared host (a transfer now and then 4x its median) are not a straggler,
+            # a data wait on every other step is.
             keep = per_worker <= limit
             over = np.flatnonzero(~keep)
             if over.size:
-                jitter = jitter_against(step_cost, ref_worker, over)
-                keep[over] = per_worker[over] - reference <= NOISE_MARGIN * jitter
+                keep[over] = ~beyond_noise(step_cost, ref_worker, over, per_worker[over] - reference)
             left_out.extend((int(d), int(stage)) for d in np.flatnonzero(~keep))
         total += float(block[:, :, keep].sum(dtype=np.float64))
         count += int(block.shape[0] * block.shape[1] * int(keep.sum()))

@@ -2,8 +2,16 @@
 
 Both ask the same question of a worker: does it stand out from its peers by more than noise? The
 reference is the peers' *lower* median (for two workers, the faster one, so a straggler cannot
-pull the reference towards itself), and noise is the robust sigma of the worker's step-by-step
-difference from that reference worker.
+pull the reference towards itself). Noise is judged two ways, and a worker stands out when it
+passes either (`beyond_noise`):
+- per step: its surplus exceeds a couple of robust sigmas of its step-by-step difference from the
+  reference worker. This lets a rare spike pattern through (an evaluation every 20 steps leaves
+  the median absolute deviation alone) while a heavy-tailed but healthy rank stays in.
+- over the window: its surplus exceeds a few standard errors of the same difference averaged over
+  contiguous blocks of steps. A loss that comes and goes on a large fraction of steps (a data
+  loader whose prefetch runs dry every other step) inflates the per-step sigma up to the surplus
+  itself, yet it is there in every stretch of the window; a burst (a neighbour stealing the
+  rank's core for a while) is in some blocks only and stays noise.
 """
 
 from __future__ import annotations
@@ -12,6 +20,9 @@ import numpy as np
 
 MAD_TO_SIGMA = 1.4826  # median absolute deviation -> standard deviation of a normal
 NOISE_MARGIN = 2.0  # standing out means more than this many jitter sigmas
+SPREAD_MARGIN = 3.0  # ... or more than this many standard errors of the block means
+MIN_BLOCK_STEPS = 5  # steps per block of the window test
+MIN_BLOCKS, MAX_BLOCKS = 4, 8  # fewer blocks than this: the per-step test alone
 
 
 def lower_median_index(values: np.ndarray) -> int:
@@ -30,3 +41,22 @@ def jitter_against(per_step: np.ndarray, reference: int, workers: np.ndarray | N
     steps are seconds a pass need not spend."""
     block = per_step if workers is None else per_step[:, workers]
     return robust_sigma(block - per_step[:, reference][:, None], axis=0)
+
+
+def beyond_noise(
+    per_step: np.ndarray, reference: int, workers: np.ndarray, surplus: np.ndarray
+) -> np.ndarray:
+    """Whether each of `workers` (indices into the columns of `per_step`, [steps, workers]) stands
+    out from the `reference` worker beyond noise, given its mean `surplus` per step over it: by
+    the per-step test or the window test (module docstring)."""
+    surplus = np.asarray(surplus, dtype=np.float64)
+    out: np.ndarray = surplus > NOISE_MARGIN * jitter_against(per_step, reference, workers)
+    steps = per_step.shape[0]
+    blocks = min(MAX_BLOCKS, steps // MIN_BLOCK_STEPS)
+    if blocks >= MIN_BLOCKS and not out.all():
+        diff = per_step[:, workers] - per_step[:, reference][:, None]
+        edges = np.linspace(0, steps, blocks + 1).astype(np.int64)
+        means = np.add.reduceat(diff, edges[:-1], axis=0, dtype=np.float64) / np.diff(edges)[:, None]
+        error = means.std(axis=0, ddof=1) / np.sqrt(blocks)
+        out |= surplus > SPREAD_MARGIN * error
+    return out

@@ -75,6 +75,34 @@ class ReplicaSource:
         np.add(start[..., -1], self.ideal[slot], out=out[..., 1])
 
 
+class ReplicaJitterSource:
+    """ReplicaSource's shape, but replica 0 is the rank at its *healthy* durations: D* plus its own
+    ordinary jitter (as JitterSource) plus what its peers lost on the same step (`shared`, the
+    lower median over DP ranks of each instance's deviation from its worker's mean). The reference
+    a rank's measured add-back is set against under the robust estimator: neither its own
+    ordinary jitter nor a step on which every rank was slow is blamed on it."""
+
+    def __init__(
+        self, measured: np.ndarray, ideal: np.ndarray, mean: np.ndarray, cap: np.ndarray, shared: np.ndarray
+    ) -> None:
+        self.measured = measured  # [n_slots, n_steps, n_variants]
+        self.ideal = ideal.astype(measured.dtype)
+        self.mean = mean  # [n_slots, n_variants]: Jitter.mean of the batch's ranks
+        self.cap = cap
+        self.shared = shared  # [n_slots, n_steps]
+
+    def add(self, slot: int, start: np.ndarray, out: np.ndarray) -> None:
+        measured = self.measured[slot].T  # [variant, step]
+        deviation = measured - self.mean[slot][:, None]
+        np.clip(deviation, -self.cap[slot], self.cap[slot], out=deviation)
+        deviation[measured <= 0] = 0.0
+        deviation += self.ideal[slot]
+        deviation += self.shared[slot][None, :]
+        np.maximum(deviation, 0.0, out=deviation)
+        np.add(start[..., 0], deviation, out=out[..., 0])
+        np.add(start[..., -1], self.ideal[slot], out=out[..., 1])
+
+
 class JitterSource:
     """The healthy ideal: D* plus each instance's ordinary jitter (durations.Jitter), batch shape
     [1, step, dp]; `measured` is the batch's step range."""

@@ -5,9 +5,10 @@ A worker is a straggler when restoring its measured durations alone makes the id
 stage: its own busy time per step (every op, transfers without the waiting) exceeds the peers'
 typical worker's (the lower median: for two workers, the faster one) by at least `min_standout`
 of the ideal step (the same 10% that makes a job straggling, so a worker is blamed only for
-what could make the job straggle on its own) and by at least two robust sigmas of its
-step-to-step jitter against that worker (so a rank that shares its core with something else for
-a while, on a healthy job, is not blamed for the noise).
+what could make the job straggle on its own) and beyond noise against that worker
+(robust.beyond_noise: two robust sigmas of its step-to-step jitter, or three standard errors
+over blocks of the window; so a rank that shares its core with something else for a while, on a
+healthy job, is not blamed for the noise, while one whose data loader runs dry every other step is).
 Ranks that only wait for a straggler have no such surplus (waiting is not transfer,
 see durations.py), and when every worker is equally slow none stands out: that is a job-wide cause.
 
@@ -38,7 +39,7 @@ from smon_server.whatif.diagnosis.base import (
     most_common,
     num,
 )
-from smon_server.whatif.robust import NOISE_MARGIN, jitter_against, lower_median_index
+from smon_server.whatif.robust import beyond_noise, lower_median_index
 
 COMPUTE_TYPES = frozenset({O.FORWARD_COMPUTE, O.BACKWARD_COMPUTE, O.OPTIMIZER, "h2d"})
 CHECKPOINT_WORDS = ("checkpoint", "ckpt", "save")
@@ -113,7 +114,7 @@ def _find(f: Facts, min_standout: float, limit: int) -> list[Straggler]:
     s_w = np.where(np.isnan(a.worker), -np.inf, a.worker)
     candidates = (s_w >= f.result.config.straggling_threshold) & (standout >= min_standout * ideal)
     if candidates.any():
-        candidates &= standout >= NOISE_MARGIN * _jitter(f, names, busy, candidates)
+        candidates &= _beyond_noise(f, names, busy, standout, candidates)
     order = sorted(zip(*np.nonzero(candidates), strict=True), key=lambda w: -s_w[w])[:limit]
     out = []
     for d, s in order:
@@ -165,15 +166,34 @@ def when_lost(f: Facts, op_types: list[str], w: tuple[int, ...]) -> dict[str, An
     return out
 
 
-def _jitter(f: Facts, names: list[str], busy: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """[dp, stage]: the step-to-step jitter of each `wanted` worker's busy time (others: 0) against
-    its stage's typical worker. A surplus within a couple of these is the host's scheduling noise
-    (one rank sharing its core with something else for a while), not a straggler: a slow GPU or a
-    sleeping rank shifts every step (or some steps by a lot), while noise only widens the spread."""
-    per_step: np.ndarray = np.sum(_totals(f, names), axis=0)  # [step, dp, stage]
-    out = np.zeros_like(busy)
+def _beyond_noise(
+    f: Facts, names: list[str], busy: np.ndarray, standout: np.ndarray, wanted: np.ndarray
+) -> np.ndarray:
+    """[dp, stage]: whether each `wanted` worker's surplus of busy time stands beyond noise against
+    its stage's typical worker (robust.beyond_noise; others: False). A surplus within a couple
+    of step-to-step sigmas is the host's scheduling noise (one rank sharing its core with
+    something else for a while, on a healthy job), unless it is there in every stretch of the
+    window: a slow GPU or a sleeping rank shifts every step, a data loader that runs dry every
+    other step or an evaluation every N steps shifts those steps by a lot, while noise only
+    widens the spread."""
+    totals = _totals(f, names)
+    per_step: np.ndarray = np.sum(totals, axis=0)  # [step, dp, stage]
+    out = np.zeros(busy.shape, dtype=bool)
     for s in range(busy.shape[1]):
         workers = np.flatnonzero(wanted[:, s])
         if workers.size:
-            out[workers, s] = jitter_against(per_step[:, :, s], lower_median_index(busy[:, s]), workers)
+            out[workers, s] = beyond_noise(
+                per_step[:, :, s], lower_median_index(busy[:, s]), workers, standout[workers, s]
+            )
+    # ... or in the op type where it loses the most, alone: every other op type's jitter adds to
+    # the busy total's, and can bury an evaluation every 20 steps that no peer runs at all.
+    found = surplus_by_type(f)
+    if found is not None:
+        _, own, surplus = found
+        for d, s in zip(*np.nonzero(wanted & ~out), strict=True):
+            t = int(np.argmax(surplus[:, d, s]))
+            if surplus[t, d, s] > 0:
+                column = totals[t][:, :, s]
+                reference = lower_median_index(own[t, :, s])
+                out[d, s] = bool(beyond_noise(column, reference, np.array([d]), surplus[t, d, s : s + 1])[0])
     return out
