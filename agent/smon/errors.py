@@ -8,16 +8,10 @@ server in `AgentCounters.errors`).
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
 
 logger = logging.getLogger("smon")
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 
 
 class ErrorCounter:
@@ -49,22 +43,6 @@ class ErrorCounter:
                 )
         except Exception:  # logging itself failed: nothing more we can safely do
             pass
-
-    def guard(self, kind: str) -> Callable[[Callable[_P, _R | None]], Callable[_P, _R | None]]:
-        """Decorator: run the function, turning any exception into a counted error (returns None)."""
-
-        def wrap(fn: Callable[_P, _R | None]) -> Callable[_P, _R | None]:
-            @functools.wraps(fn)
-            def guarded(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
-                try:
-                    return fn(*args, **kwargs)
-                except Exception as exc:
-                    self.report(kind, exc)
-                    return None
-
-            return guarded
-
-        return wrap
 
 
 class OnceLog:

@@ -37,15 +37,6 @@ class RecordQueue:
         with self._lock:
             self.dropped += n
 
-    def put_front(self, items: list[Any]) -> None:
-        """Return records the shipper took but could not use yet (kept ahead of newer ones)."""
-        with self._lock:
-            for item in reversed(items):
-                if len(self._items) >= self.capacity:
-                    self.dropped += 1  # the queue refilled meanwhile: these are now the oldest
-                    continue
-                self._items.appendleft(item)
-
     def drain(self, max_items: int) -> list[Any]:
         """Take up to `max_items` of the oldest records."""
         with self._lock:
