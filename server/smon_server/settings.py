@@ -124,6 +124,10 @@ class Settings(BaseSettings):
     # distinct jobs within this many days is `suspect` (the `host_suspect` alert rule).
     host_suspect_jobs: Annotated[int, Field(ge=1)] = 3
     host_suspect_days: Annotated[float, Field(gt=0)] = 7.0
+    # Host history (incidents, GPU events, which jobs ran where) outlives step-record retention,
+    # so a host's record spans many jobs; after this many days it goes too (0: kept for good).
+    # A quarter covers the suspect rule, the /hosts periods people ask for and a drain-and-return.
+    host_history_days: Annotated[float, Field(ge=0)] = 90.0
     # Finished jobs' series stay this long after the job was last heard from, then go away.
     metrics_finished_grace: Annotated[float, Field(ge=0)] = 900.0
 

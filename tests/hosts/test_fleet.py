@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 
 from smon_server.api.main import create_app
 from smon_server.api.schemas import HostsOut
@@ -15,7 +15,7 @@ from smon_server.context import ServerContext
 from smon_server.hosts import fleet
 from smon_server.hosts.record import blamed
 from smon_server.store.db import Database
-from smon_server.store.models import Agent, GpuSample, StepRecord
+from smon_server.store.models import Agent, GpuSample, HostIncident, StepRecord
 from tests.conftest import server_settings
 from tests.hosts.builders import analysed_job, refresh
 
@@ -241,3 +241,18 @@ def test_incidents_age_out_of_the_suspect_rule(fleet_db: Database, now: float) -
     with fleet_db.session() as s:
         tighter = fleet.figures(s, since=later - 7 * DAY, now=later, policy=fleet.Policy(suspect_jobs=2))
     assert tighter["node-a"]["suspect"]
+
+
+def test_host_history_expires_after_its_days(fleet_db: Database, now: float) -> None:
+    """SMON_HOST_HISTORY_DAYS: history that ended before the cut goes (train-0 ran 3 h ago, the
+    cut is 2.5 h ago), the rest stays and the figures follow."""
+    with fleet_db.transaction() as s:
+        deleted = fleet.expire(s, before=now - 2.5 * 3600)
+    assert deleted > 0
+    refresh(fleet_db, now)
+    with fleet_db.session() as s:
+        figs = fleet.figures(s, since=now - 7 * DAY, now=now, policy=fleet.Policy())
+        incidents = s.scalars(select(HostIncident.job_id).where(HostIncident.host == "node-a")).all()
+    assert sorted(incidents) == ["train-1", "train-2"]
+    assert (figs["node-a"]["straggler_jobs"], figs["node-a"]["suspect"]) == (2, False)
+    assert figs["node-b"]["straggler_jobs"] == 1  # newer than the cut: kept

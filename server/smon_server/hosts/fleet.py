@@ -293,6 +293,20 @@ def refresh(session: Session, *, now: float, policy: Policy, hosts: Collection[s
     return len(figs)
 
 
+def expire(session: Session, *, before: float) -> int:
+    """Delete host history that ended before `before` (SMON_HOST_HISTORY_DAYS): incidents, GPU
+    events and host-job rows; a host's stored figures go with its next full refresh, once it was
+    seen in no job of the period. Returns how many rows were deleted."""
+    deleted = 0
+    for statement in (
+        delete(HostIncident).where(HostIncident.last_seen < before),
+        delete(HostGpuEvent).where(HostGpuEvent.time < before),
+        delete(HostJob).where(HostJob.last_seen < before),
+    ):
+        deleted += int(getattr(session.execute(statement), "rowcount", 0) or 0)
+    return deleted
+
+
 def summary_figures(row: HostSummary) -> dict[str, Any]:
     """A stored summary in the shape `figures` returns."""
     return {

@@ -165,6 +165,12 @@ def maintain_storage(context: ServerContext, now: float) -> None:
         )
         if pruned:
             log.info("pruned %d dedup ledger rows older than %g s", pruned, settings.ingest_ledger_seconds)
+        if settings.host_history_days > 0:
+            expired = fleet.expire(session, before=now - settings.host_history_days * 86400.0)
+            if expired:
+                log.info(
+                    "host history older than %g days: %d rows deleted", settings.host_history_days, expired
+                )
         if settings.retention_days > 0:
             removed = partitions.drop_expired(
                 session, now=now, retention_days=settings.retention_days, postgres=context.db.is_postgres
