@@ -17,7 +17,6 @@ the pattern intermittent (rank 1 waits on some steps, not on most or all); S/tru
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -27,11 +26,10 @@ from typing import Any
 import httpx
 import pytest
 
-from smon_server.demo import training_command
 from smon_server.runtime import BackgroundServer
 from tests.conftest import server_settings
-from tests.e2e.processes import run_job_command
 from tests.e2e.test_ddp_jobs import analysed_summary, brief
+from tests.e2e.test_ddp_jobs import run_job as ddp_run_job
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -53,17 +51,10 @@ def run_job(
 ) -> tuple[str, dict[str, Any], list[float]]:
     """Run the loop to the end and analyse it: (job id, summary, iteration times after warm-up)."""
     job = f"{name}-{ranks}r-{time.time_ns()}"
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "SMON_DEMO_QUIET": "1",
-        "SMON_SERVER": server.grpc_target,
-        "SMON_JOB": job,
-    }
-    command = training_command(
-        ranks, ["--steps", str(STEPS), "--report", str(report), *BASE, *args], module=MODULE
+    env = {"SMON_SERVER": server.grpc_target, "SMON_JOB": job}
+    done = ddp_run_job(
+        [*BASE, *args], env=env, report=report, timeout=300, module=MODULE, steps=STEPS, ranks=ranks
     )
-    done = run_job_command(command, env, 300)
     assert done.returncode == 0, done.stderr[-4000:]
     per_rank = [json.loads(p.read_text())["step_times"] for p in sorted(report.glob("rank*.json"))]
     times = [statistics.fmean(ts) for ts in zip(*per_rank, strict=True)][10:]
