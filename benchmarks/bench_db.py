@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.databases
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support.databases
 from smon_server.settings import Settings
-from tests.conftest import server_settings
-from tests.databases import fresh_database as _fresh
+from tests.support.databases import fresh_database as _fresh
+from tests.support.settings import server_settings
 
 ADMIN_URL = os.environ.get("SMON_BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 

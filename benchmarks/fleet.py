@@ -57,8 +57,8 @@ from smon.config import AgentConfig  # noqa: E402
 from smon.shipper import CHANNEL_OPTIONS, MAX_THROTTLE_SECONDS, backoff_delay, flush_policy  # noqa: E402
 from smon.table import to_table  # noqa: E402
 from smon.v1 import ingest_pb2 as pb  # noqa: E402
-from tests import factories as f  # noqa: E402
-from tests.server_process import free_port, start_server  # noqa: E402
+from tests.support import factories as f  # noqa: E402
+from tests.support.server_process import free_port, start_server  # noqa: E402
 
 RANKS_PER_JOB = 64
 QUEUE_SIZE = AgentConfig().queue_size

@@ -45,15 +45,15 @@ from sqlalchemy import text
 from sqlalchemy.engine import URL, make_url
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # tests.factories (step records) and tests.server_process
+sys.path.insert(0, str(REPO))  # tests.support.factories (step records) and tests.support.server_process
 
 from benchmarks.bench_db import fresh_database  # noqa: E402
 from smon.table import to_table  # noqa: E402
 from smon.v1 import ingest_pb2 as pb  # noqa: E402
 from smon_server.store import partitions  # noqa: E402
 from smon_server.store.db import Database  # noqa: E402
-from tests import factories as f  # noqa: E402
-from tests.server_process import free_port, start_server  # noqa: E402
+from tests.support import factories as f  # noqa: E402
+from tests.support.server_process import free_port, start_server  # noqa: E402
 
 
 def batches(job: str, rank: int, world: int, count: int, per_batch: int, wire: str) -> list[bytes]:

@@ -27,9 +27,9 @@ sys.path.insert(0, str(REPO))  # tests.whatif.reference, the naive baseline
 import numpy as np  # noqa: E402
 
 from smon_server.whatif.engine import analyze  # noqa: E402
+from smon_server.whatif.inputs.trace import load_trace  # noqa: E402
 from smon_server.whatif.ops import OpTable  # noqa: E402
-from smon_server.whatif.synthetic import SyntheticJob, synthetic_table  # noqa: E402
-from smon_server.whatif.trace import load_trace  # noqa: E402
+from tests.support.synthetic import SyntheticJob, synthetic_table  # noqa: E402
 
 PY = sys.executable
 COLUMNS = tuple(c for c in OpTable.COLUMNS if c != "seq_sq")

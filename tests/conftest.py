@@ -14,22 +14,13 @@ from smon_server.runtime import BackgroundServer
 from smon_server.settings import Settings
 from smon_server.store import migrate
 from smon_server.store.db import Database
-from tests.databases import fresh_database
+from tests.support.databases import fresh_database
+from tests.support.paths import IN_CI, REPO_ROOT, shared_dir, skip_or_fail
+from tests.support.settings import server_settings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+__all__ = ["IN_CI", "REPO_ROOT", "server_settings", "shared_dir", "skip_or_fail"]
+
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-IN_CI = os.environ.get("CI", "").lower() == "true"
-
-
-def skip_or_fail(reason: str) -> None:
-    """Skip loudly on a developer machine; under CI=true a missing dependency is a failure."""
-    if IN_CI:
-        pytest.fail(f"{reason} (CI=true: required)")
-    pytest.skip(reason)
-
-
-def shared_dir() -> Path:
-    return Path(os.environ.get("SMON_SHARED_DIR", REPO_ROOT.parent / "shared"))
 
 
 @pytest.fixture(scope="session")
@@ -74,22 +65,6 @@ def db(database_url: str) -> Iterator[Database]:
         yield database
     finally:
         database.dispose()
-
-
-def server_settings(database_url: str, **overrides: object) -> Settings:
-    values: dict[str, object] = {
-        "database_url": database_url,
-        "http_host": "127.0.0.1",
-        "http_port": 0,
-        "grpc_host": "127.0.0.1",
-        "grpc_port": 0,
-        "analysis_interval": 0.5,
-        # In the server process: timing tests stay quick. The end-to-end jobs and
-        # tests/jobs/test_workers.py run analyses in worker processes, as a server does by default.
-        "analysis_workers": 0,
-    }
-    values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
 
 
 @pytest.fixture

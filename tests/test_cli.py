@@ -12,8 +12,8 @@ import pytest
 
 from smon_server.store import migrate
 from smon_server.store.db import Database
-from tests.conftest import shared_dir, skip_or_fail
-from tests.server_process import free_port
+from tests.support.paths import shared_dir, skip_or_fail
+from tests.support.server_process import free_port
 
 
 def smon(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 
 GENERATED = ("ingest_pb2.py", "ingest_pb2.pyi", "ingest_pb2_grpc.py")
 

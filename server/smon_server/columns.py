@@ -1,5 +1,5 @@
 """Step records as columns: the one shape the store reads a window into and the engine builds its
-operation table from (whatif/from_steps.py).
+operation table from (whatif/inputs/from_steps.py).
 
 A window of a 4,096-rank job holds millions of records and tens of millions of spans; as Python
 objects they cost more than the whole analysis. Here every field is a numpy array: one row per

@@ -1,7 +1,7 @@
 """`smon analyze TRACE [--meta META.yaml] [--json]`: the what-if analysis of a trace, offline.
 
-TRACE is a per-op parquet file (the conformance schema, whatif/trace.py) or a folder of PyTorch
-profiler traces, one per rank (whatif/kineto.py). `analyze_file` loads, analyses and diagnoses,
+TRACE is a per-op parquet file (the conformance schema, whatif/inputs/trace.py) or a folder of PyTorch
+profiler traces, one per rank (whatif/inputs/kineto.py). `analyze_file` loads, analyses and diagnoses,
 and returns the DESIGN §6 summary object (`job_id` is the trace name, `world_size` comes from the
 meta file or the traces); `report` renders it for a terminal; `main` is what the CLI calls.
 GPU-hours wasted use the world size (else the workers seen) and the traced steps' own duration as
@@ -20,11 +20,11 @@ from smon_server.views.summary import to_summary
 from smon_server.whatif.config import Estimator, WhatIfConfig
 from smon_server.whatif.diagnosis import Diagnosis, diagnose, stragglers
 from smon_server.whatif.engine import WhatIfResult, analyze
-from smon_server.whatif.from_steps import build_op_table, complete_steps
+from smon_server.whatif.inputs.from_steps import build_op_table, complete_steps
+from smon_server.whatif.inputs.trace import TraceError, load_meta, load_trace
 from smon_server.whatif.layout import AnalysisError
 from smon_server.whatif.ops import OpTable
 from smon_server.whatif.signals import Signals
-from smon_server.whatif.trace import TraceError, load_meta, load_trace
 
 
 def analyze_file(
@@ -61,7 +61,7 @@ def analyze_profile(
 ) -> tuple[dict[str, Any], WhatIfResult, list[Diagnosis]]:
     """The same analysis on a folder of profiler traces: each rank's profiled steps become the
     step records an agent would have sent, and go through the live op-table builder."""
-    from smon_server.whatif.kineto import load_profile
+    from smon_server.whatif.inputs.kineto import load_profile
 
     job_meta = load_meta(meta) if meta is not None else None
     profile = load_profile(directory, job_meta)

@@ -19,7 +19,7 @@ import smon
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import StepRecord
 from tests.agent.conftest import FAST
-from tests.conftest import server_settings
+from tests.support.settings import server_settings
 
 
 def self_signed(folder: Path) -> tuple[Path, Path]:

@@ -12,9 +12,9 @@ import pytest
 from smon_server.alerts.cli import duration
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
-from tests import factories as f
 from tests.api.test_jobs import SLOW_RANK, push_job
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 from tests.test_cli import smon
 
 

@@ -12,7 +12,7 @@ from smon_server.alerts.engine import Transition, evaluate
 from smon_server.alerts.rules import DEFAULT_RULES, RulesError, load_rules
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, Alert, AnalysisResult, GpuSample, Silence
-from tests.factories import stored_job
+from tests.support.factories import stored_job
 
 T0 = 1_800_000_000.0
 STALL = 1e6  # the jobs stay "running" however far the test moves the clock

@@ -19,10 +19,10 @@ from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from smon_server.store.db import Database
 from smon_server.store.models import Alert, Notification
-from tests import factories as f
 from tests.alerts.receivers import Receiver, receiver
 from tests.api.test_jobs import SLOW_RANK, push_job
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 MESSAGE = Message(
     event="firing",

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from tests import factories as f
 from tests.alerts.receivers import Receiver, receiver
 from tests.api.test_jobs import SLOW_RANK, push_job
-from tests.server_process import free_port, start_server
+from tests.support import factories as f
+from tests.support.server_process import free_port, start_server
 
 pytestmark = [pytest.mark.slow]
 

@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
-from tests import factories as f
 from tests.api.test_jobs import SLOW_RANK, push_job
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 
 @pytest.fixture

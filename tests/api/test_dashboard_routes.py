@@ -14,10 +14,10 @@ import pytest
 from smon_server import dashboard
 from smon_server.jobs import analysis as job_analysis
 from smon_server.runtime import BackgroundServer
-from tests import factories as f
 from tests.api.test_jobs import SLOW_RANK, analyse, push_job
-from tests.conftest import server_settings
-from tests.factories import stored_job
+from tests.support import factories as f
+from tests.support.factories import stored_job
+from tests.support.settings import server_settings
 
 PAGES = ["/", "/alerts", "/jobs/train-1", "/jobs/a%2Fb%3Cc%3E", "/jobs/train-1/workers/3"]
 

@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 from smon_server.runtime import BackgroundServer
-from tests import factories as f
 from tests.api.test_jobs import analyse, push_job
-from tests.conftest import server_settings
-from tests.server_process import free_port
+from tests.support import factories as f
+from tests.support.server_process import free_port
+from tests.support.settings import server_settings
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ hostile client sent (a phase name per span, folded past the job's limit; steps 1
 ranks numbered up to a million), whose routes are fuzzed too.
 
 A few dozen inputs per route and kind, the same every run, in CI; more and new ones with
-SMON_FUZZ_EXAMPLES / SMON_FUZZ_SEED (tests/fuzzing.py)."""
+SMON_FUZZ_EXAMPLES / SMON_FUZZ_SEED (tests/support/fuzzing.py)."""
 
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.jobs.loop import analysis_pass
 from smon_server.store import migrate
 from smon_server.store.writes import write_batches
-from tests import factories as f
-from tests.conftest import server_settings
-from tests.fuzzing import examples
-from tests.fuzzing import fuzz as fuzz_settings
+from tests.support import factories as f
+from tests.support.fuzzing import examples
+from tests.support.fuzzing import fuzz as fuzz_settings
+from tests.support.settings import server_settings
 
 EXAMPLES = examples(40)  # per route, method and kind of input: ~1,500 requests in all
 ODD_EXAMPLES = examples(4)  # per job route, for each job a careless client sent

@@ -13,8 +13,8 @@ from smon.v1 import ingest_pb2 as pb
 from smon.v1 import ingest_pb2_grpc as pb_grpc
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
-from tests import factories as f
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 WORLD = 4
 STEPS = 30

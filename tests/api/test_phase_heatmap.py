@@ -19,9 +19,9 @@ from smon_server.store.grids import Grid
 from smon_server.store.models import Job
 from smon_server.store.step_window import read_window
 from smon_server.views.heatmap import downsample, response_json, select
-from tests import factories as f
 from tests.api.test_jobs import SLOW_RANK, STEPS, WORLD, analyse, push_job
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 PHASES = ("forward", "backward", "grad_sync", "data_wait", "step_time", "other", "gc", "checkpoint")
 

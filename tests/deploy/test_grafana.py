@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from smon_server.store.db import Database
 from tests.deploy.test_prometheus import exposition
-from tests.tools import debian_tool
+from tests.support.tools import debian_tool
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "smon-overview.json"

@@ -16,8 +16,8 @@ from smon_server.context import ServerContext
 from smon_server.settings import Settings
 from smon_server.store.db import Database
 from smon_server.store.models import AnalysisResult, HostSummary
-from tests.factories import stored_job
-from tests.tools import debian_tool
+from tests.support.factories import stored_job
+from tests.support.tools import debian_tool
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 

@@ -18,11 +18,11 @@ import yaml
 
 from smon_server.demo import training_command
 from smon_server.runtime import BackgroundServer
-from tests import factories as f
-from tests.conftest import server_settings
 from tests.e2e.processes import run_job_command
 from tests.e2e.test_ddp_jobs import analysed_summary
-from tests.tools import debian_tool
+from tests.support import factories as f
+from tests.support.settings import server_settings
+from tests.support.tools import debian_tool
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

@@ -27,9 +27,9 @@ import httpx
 import pytest
 
 from smon_server.runtime import BackgroundServer
-from tests.conftest import server_settings
 from tests.e2e.test_ddp_jobs import analysed_summary, brief
 from tests.e2e.test_ddp_jobs import run_job as ddp_run_job
+from tests.support.settings import server_settings
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

@@ -26,9 +26,9 @@ from sqlalchemy import select
 from smon_server.demo import training_command
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Agent
-from tests.conftest import server_settings
 from tests.e2e.processes import run_job_command
 from tests.e2e.test_ddp_jobs import analysed_summary, brief
+from tests.support.settings import server_settings
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

@@ -16,8 +16,8 @@ import pytest
 from smon_server.demo import training_command
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
-from tests.conftest import server_settings
 from tests.e2e.processes import run_job_command
+from tests.support.settings import server_settings
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

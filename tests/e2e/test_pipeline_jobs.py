@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from smon_server.runtime import BackgroundServer
-from tests.conftest import server_settings
 from tests.e2e.test_ddp_jobs import analysed_summary, run_job
+from tests.support.settings import server_settings
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

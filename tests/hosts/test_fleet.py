@@ -16,8 +16,8 @@ from smon_server.hosts import fleet
 from smon_server.hosts.record import blamed
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, GpuSample, HostIncident, StepRecord
-from tests.conftest import server_settings
 from tests.hosts.builders import analysed_job, refresh
+from tests.support.settings import server_settings
 
 DAY = 86_400.0
 

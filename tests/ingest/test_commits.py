@@ -24,8 +24,8 @@ from smon_server.store.db import Database
 from smon_server.store.models import Agent, Job, StepRecord
 from smon_server.store.rows import ValidBatch
 from smon_server.store.writes import WriteResult, write_batches
-from tests import factories as f
-from tests.databases import fresh_database
+from tests.support import factories as f
+from tests.support.databases import fresh_database
 
 STEPS = f.dp_job_steps(4, range(20))
 

@@ -1,4 +1,4 @@
-"""A real `smon server` whose PostgreSQL sits behind a TCP proxy (tests/tcp_proxy.py) that the test
+"""A real `smon server` whose PostgreSQL sits behind a TCP proxy (tests/support/tcp_proxy.py) that the test
 kills (the database cut off: connections reset, then refused) or stops with SIGSTOP (a database
 that hangs: connections accepted, nothing answered). What the server's log says, what probes and
 routes answer meanwhile, and what the agent counts as lost against what was stored."""
@@ -16,9 +16,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 import smon
-from tests.databases import fresh_database
-from tests.server_process import free_port, start_server
-from tests.tcp_proxy import Proxy
+from tests.support.databases import fresh_database
+from tests.support.server_process import free_port, start_server
+from tests.support.tcp_proxy import Proxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, text
 
 import smon
-from tests.server_process import free_port, start_server
+from tests.support.server_process import free_port, start_server
 
 pytestmark = pytest.mark.postgres
 

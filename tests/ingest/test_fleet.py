@@ -22,8 +22,8 @@ from smon.v1 import ingest_pb2_grpc as pb_grpc
 from smon_server.ingest import commits
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Job, StepRecord
-from tests import factories as f
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 
 @contextmanager

@@ -15,7 +15,7 @@ fuzz a new job's own phase names all get codes. Memory stays bounded: the server
 every fuzzed job, which must analyse each (none marked failed) within a bounded peak.
 
 Runs derandomised (the same inputs every run) with a few dozen inputs per test in CI; longer and
-new with SMON_FUZZ_EXAMPLES / SMON_FUZZ_SEED (tests/fuzzing.py). The inputs tried are printed.
+new with SMON_FUZZ_EXAMPLES / SMON_FUZZ_SEED (tests/support/fuzzing.py). The inputs tried are printed.
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ from smon_server.jobs.loop import analysis_pass
 from smon_server.store import codec
 from smon_server.store.kinds import DEFAULT_MAX_PHASE_NAMES, STANDARD_KINDS
 from smon_server.store.models import AnalysisResult, Job
-from tests import factories as f
-from tests.conftest import server_settings
-from tests.databases import fresh_database
-from tests.fuzzing import fuzz
 from tests.ingest.wire_cases import MESSAGE_CASES, RECORD_CASES
-from tests.server_process import free_port, start_server
+from tests.support import factories as f
+from tests.support.databases import fresh_database
+from tests.support.fuzzing import fuzz
+from tests.support.server_process import free_port, start_server
+from tests.support.settings import server_settings
 
 pytestmark = pytest.mark.slow
 

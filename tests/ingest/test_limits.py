@@ -8,8 +8,8 @@ import pytest
 from smon.v1 import ingest_pb2_grpc as pb_grpc
 from smon_server.ingest.limits import ActiveJobs, AgentRates
 from smon_server.runtime import BackgroundServer
-from tests import factories as f
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 
 class Clock:

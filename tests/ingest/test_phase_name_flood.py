@@ -23,8 +23,8 @@ from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from smon_server.store.kinds import DEFAULT_MAX_PHASE_NAMES
 from smon_server.store.models import Job, SpanKind, StepRecord
-from tests import factories as f
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 NAMES = 100_000
 PER_BATCH = 50_000  # a StepTable's span kinds are uint16 indexes: two tables

@@ -12,7 +12,7 @@ import time
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.server_process import free_port, start_server
+from tests.support.server_process import free_port, start_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 STEPS = 300

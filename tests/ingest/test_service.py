@@ -21,8 +21,8 @@ from smon.v1 import ingest_pb2_grpc as pb_grpc
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Agent, GpuSample, IngestedBatch, Job, StepRecord
 from smon_server.store.step_window import read_window
-from tests import factories as f
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from smon.table import to_table
 from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.store.rows import StepBlock
-from tests import factories as f
+from tests.support import factories as f
 
 
 def varied_records(n: int, rng: random.Random) -> list[pb.StepRecord]:

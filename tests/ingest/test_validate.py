@@ -8,7 +8,7 @@ import pytest
 
 from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest import validate as v
-from tests import factories as f
+from tests.support import factories as f
 
 LIMITS = v.Limits(max_batch_records=100, max_spans_per_step=16, max_duration_seconds=3600)
 

@@ -9,8 +9,8 @@ import pytest
 from smon.table import to_table
 from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest.validate import Limits, validate_batch
-from tests import factories as f
 from tests.ingest.wire_cases import MESSAGE_CASES, RECORD_CASES, Breakage
+from tests.support import factories as f
 
 
 def _record(step: int) -> pb.StepRecord:

@@ -25,9 +25,9 @@ import httpx
 import pytest
 
 from smon_server import dashboard
-from tests.conftest import REPO_ROOT, skip_or_fail
 from tests.install import recipe
-from tests.server_process import free_port, start_command
+from tests.support.paths import REPO_ROOT, skip_or_fail
+from tests.support.server_process import free_port, start_command
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 # The CPU wheel on this machine's disk; pinned so that nothing resolves torch to a CUDA build.

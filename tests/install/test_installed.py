@@ -19,9 +19,9 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from smon_server import dashboard
-from tests.conftest import REPO_ROOT
 from tests.install.conftest import InstalledServer, Venv, clean_env, run
-from tests.tools import debian_tool
+from tests.support.paths import REPO_ROOT
+from tests.support.tools import debian_tool
 
 pytestmark = pytest.mark.slow
 

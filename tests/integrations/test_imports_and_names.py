@@ -14,7 +14,7 @@ import torch
 from smon.integrations.base import PhaseTimers, job_name, torch_loader, torch_optimizer
 from smon.integrations.torchtitan import parallel_coordinates
 from smon.monitor import Monitor
-from tests.conftest import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 
 FRAMEWORKS = ("transformers", "lightning", "accelerate", "deepspeed", "torchtitan", "torch")
 

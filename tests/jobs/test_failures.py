@@ -20,8 +20,8 @@ from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import AnalysisResult
 from smon_server.store.writes import write_batches
-from tests import factories as f
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 WORLD = 2
 

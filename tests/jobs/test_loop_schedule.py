@@ -13,8 +13,8 @@ from smon_server.jobs import loop
 from smon_server.jobs.loop import analysis_pass, pause_after
 from smon_server.store import migrate
 from smon_server.store.writes import write_batches
-from tests import factories as f
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 
 def test_passes_start_an_interval_apart() -> None:

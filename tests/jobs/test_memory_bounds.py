@@ -23,7 +23,7 @@ from smon_server.store.models import Job
 from smon_server.store.queries import StepWindow
 from smon_server.store.writes import write_batches
 from smon_server.views import heatmap as heatmaps
-from tests import factories as f
+from tests.support import factories as f
 
 RANKS, STEPS = 4, 80
 FAR = MAX_WORLD_SIZE - 1  # the highest rank a batch may name

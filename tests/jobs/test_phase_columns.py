@@ -23,9 +23,9 @@ from smon_server.store.models import Job, PhaseColumn
 from smon_server.store.queries import StepWindow
 from smon_server.store.step_window import read_window
 from smon_server.store.writes import write_batches
-from tests import factories as f
-from tests.conftest import server_settings
 from tests.jobs.test_window_ops import RANKS, WINDOW, _steps
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 METRICS = ("step_time", "forward", "backward", "gc", "other", "checkpoint", "grad_sync", "data_wait", "nope")
 

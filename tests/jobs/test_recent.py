@@ -10,7 +10,7 @@ from smon_server.columns import StepColumns
 from smon_server.jobs.analysis import _recent_from
 from smon_server.jobs.live import analyze_live, recent_stragglers
 from smon_server.whatif.config import WhatIfConfig
-from smon_server.whatif.from_steps import build_op_table
+from smon_server.whatif.inputs.from_steps import build_op_table
 from tests.whatif.step_records import DdpJob, simulate
 
 ROBUST = WhatIfConfig(estimator="robust")

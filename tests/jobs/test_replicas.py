@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from smon.v1 import ingest_pb2_grpc as pb_grpc
-from tests import factories as f
-from tests.server_process import free_port, start_server
+from tests.support import factories as f
+from tests.support.server_process import free_port, start_server
 
 pytestmark = pytest.mark.postgres
 

@@ -13,8 +13,8 @@ from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import StepRecord
 from smon_server.store.writes import write_batches
-from tests import factories as f
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 RANKS = 4
 CHUNK = 40  # steps per push and per analysis window: each pass sees only the newest 40 steps

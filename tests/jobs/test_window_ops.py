@@ -23,8 +23,8 @@ from smon_server.store.models import Job
 from smon_server.store.queries import StepWindow, resolve_window
 from smon_server.store.writes import write_batches
 from smon_server.whatif.ops import OpTable
-from tests import factories as f
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 RANKS = 4
 WINDOW = 30

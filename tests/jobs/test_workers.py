@@ -22,9 +22,9 @@ from smon_server.store import migrate
 from smon_server.store.db import Database
 from smon_server.store.models import AnalysisResult, Job
 from smon_server.store.writes import write_batches
-from tests import factories as f
-from tests.conftest import server_settings
-from tests.server_process import free_port, start_server
+from tests.support import factories as f
+from tests.support.server_process import free_port, start_server
+from tests.support.settings import server_settings
 
 RANKS = 4
 NOW = f.T0 + 60  # a minute after the steps: the job is still running

@@ -10,7 +10,7 @@ from smon_server.metrics.jobs_collector import JobsCollector
 from smon_server.settings import Settings
 from smon_server.store.db import Database
 from smon_server.store.models import AnalysisResult
-from tests.factories import stored_job
+from tests.support.factories import stored_job
 
 TOP = [
     {"rank": 3, "host": "node-1", "gpu_uuid": "GPU-aaa", "slowdown": 1.6},

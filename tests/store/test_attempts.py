@@ -15,7 +15,7 @@ from smon_server.store import queries
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, Job, StepRecord
 from smon_server.store.writes import write_batches
-from tests import factories as f
+from tests.support import factories as f
 
 WORLD = 2
 STALL = 120.0

@@ -14,8 +14,8 @@ from smon_server.store import migrate
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, Job, StepRecord
 from smon_server.store.writes import STEP_COLUMNS, _step_rows, write_batches
-from tests import factories as f
 from tests.ingest.test_step_table import as_table, varied_records
+from tests.support import factories as f
 
 pytestmark = pytest.mark.postgres
 

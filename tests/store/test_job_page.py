@@ -10,7 +10,7 @@ from smon_server.jobs.liveness import job_state
 from smon_server.store import queries
 from smon_server.store.db import Database
 from smon_server.store.models import AnalysisResult
-from tests.factories import stored_job
+from tests.support.factories import stored_job
 
 STALL = 120.0
 

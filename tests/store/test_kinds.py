@@ -12,7 +12,7 @@ from smon_server.store.db import Database
 from smon_server.store.models import Job, SpanKind, StepRecord
 from smon_server.store.step_window import read_window
 from smon_server.store.writes import WriteResult, write_batch
-from tests import factories as f
+from tests.support import factories as f
 
 
 def _store(db: Database, job: str, seq: int, steps: list[pb.StepRecord]) -> WriteResult:

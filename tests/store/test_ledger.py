@@ -11,8 +11,8 @@ from smon_server.store import ledger, migrate
 from smon_server.store.db import Database
 from smon_server.store.models import IngestedBatch, IngestedFloor, StepRecord
 from smon_server.store.writes import WriteResult, write_batch
-from tests import factories as f
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 HOUR = 3600.0
 DAY = 86400.0

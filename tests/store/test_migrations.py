@@ -315,7 +315,7 @@ def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dic
     from smon_server.store.models import Job
     from smon_server.store.step_window import read_window
     from smon_server.store.writes import write_batch
-    from tests import factories as f
+    from tests.support import factories as f
 
     db = Database(database_url)
     try:

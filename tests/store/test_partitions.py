@@ -13,8 +13,8 @@ from smon_server.store.db import Database
 from smon_server.store.models import AnalysisResult, Job, StepRecord
 from smon_server.store.step_window import read_window
 from smon_server.store.writes import write_batch
-from tests import factories as f
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 DAY = partitions.DAY_SECONDS
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import smon_server.offline as offline
-from smon_server.whatif.kineto import is_nccl_kernel, load_profile
-from smon_server.whatif.trace import TraceError
-from tests.conftest import shared_dir, skip_or_fail
+from smon_server.whatif.inputs.kineto import is_nccl_kernel, load_profile
+from smon_server.whatif.inputs.trace import TraceError
+from tests.support.paths import shared_dir, skip_or_fail
 from tests.traces.kineto_builder import RankTraceDoc, Step
 
 MS = 1e-3

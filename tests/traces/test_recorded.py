@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import smon_server.offline as offline
-from tests.conftest import REPO_ROOT
 from tests.e2e.processes import run_job_command
+from tests.support.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

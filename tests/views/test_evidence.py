@@ -14,7 +14,7 @@ from smon_server.views.evidence import sentences
 from smon_server.whatif.diagnosis import Diagnosis, diagnose
 from smon_server.whatif.diagnosis.base import CAUSES
 from smon_server.whatif.signals import GpuHealth, Signals
-from smon_server.whatif.synthetic import SyntheticJob
+from tests.support.synthetic import SyntheticJob
 from tests.whatif.step_records import DdpJob
 from tests.whatif.test_diagnosis import HUNG, SEQ, SLOW, SLOW_RANK, run
 from tests.whatif.test_live_truth import truth_and_summary

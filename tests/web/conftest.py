@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from smon_server import dashboard
-from tests.tools import debian_tool
+from tests.support.tools import debian_tool
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Screenshots of every page the tests visit: look at them before calling a change done.

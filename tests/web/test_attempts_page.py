@@ -11,9 +11,9 @@ from urllib.parse import parse_qs, quote, urlsplit
 import pytest
 
 from smon_server.runtime import BackgroundServer
-from tests import factories as f
 from tests.api.test_attempts import SLOW_RANK, STEPS, analyse, goodbye, push
-from tests.conftest import server_settings
+from tests.support import factories as f
+from tests.support.settings import server_settings
 from tests.web.conftest import screenshot
 
 pytestmark = [pytest.mark.postgres]
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.postgres]
 @pytest.fixture(scope="module")
 def restarted(postgres_admin_url: str) -> Iterator[tuple[BackgroundServer, str]]:
     """A server on PostgreSQL holding one job with two attempts: a straggler in the first only."""
-    from tests.databases import fresh_database
+    from tests.support.databases import fresh_database
 
     with (
         fresh_database(postgres_admin_url, "smon_web_attempts") as url,

@@ -20,9 +20,9 @@ from smon_server.demo import training_command
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Alert
-from tests.conftest import server_settings
 from tests.e2e.processes import run_job_command
-from tests.factories import stored_job
+from tests.support.factories import stored_job
+from tests.support.settings import server_settings
 from tests.web.conftest import screenshot
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.postgres]
@@ -39,7 +39,7 @@ def live(
     tmp_path_factory: pytest.TempPathFactory, postgres_admin_url: str
 ) -> Iterator[tuple[BackgroundServer, str]]:
     """A server on PostgreSQL, one real straggling job analysed, one stored job with HTML in its id."""
-    from tests.databases import fresh_database
+    from tests.support.databases import fresh_database
 
     with (
         fresh_database(postgres_admin_url, "smon_web") as url,

@@ -12,10 +12,10 @@ import pytest
 from playwright.sync_api import expect
 
 from smon_server.runtime import BackgroundServer
-from tests import factories as f
 from tests.api.test_jobs import SLOW_RANK, analyse, push_job
-from tests.conftest import server_settings
 from tests.hosts.builders import analysed_job, refresh
+from tests.support import factories as f
+from tests.support.settings import server_settings
 from tests.web.conftest import screenshot
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from smon_server.whatif.diagnosis import Diagnosis, diagnose
 from smon_server.whatif.engine import WhatIfResult, analyze
+from smon_server.whatif.inputs.trace import load_trace
 from smon_server.whatif.ops import OpTable
-from smon_server.whatif.trace import load_trace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRACES = ("AR", "ST", "SE")

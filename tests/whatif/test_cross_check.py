@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from smon_server.whatif.engine import WhatIfConfig, WhatIfResult, analyze
+from smon_server.whatif.inputs.trace import load_trace
 from smon_server.whatif.ops import OpTable
-from smon_server.whatif.synthetic import SyntheticJob, synthetic_table
-from smon_server.whatif.trace import load_trace
+from tests.support.synthetic import SyntheticJob, synthetic_table
 from tests.whatif.conftest import require_conformance
 from tests.whatif.reference import reference_analysis
 

@@ -13,7 +13,7 @@ from smon_server.whatif.diagnosis.base import DiagnosisConfig
 from smon_server.whatif.engine import analyze
 from smon_server.whatif.ops import OpTable
 from smon_server.whatif.signals import GpuHealth, HangState, RankPosition, Signals
-from smon_server.whatif.synthetic import SyntheticJob, synthetic_table
+from tests.support.synthetic import SyntheticJob, synthetic_table
 
 
 def run(job: SyntheticJob, signals: Signals | None = None, table: OpTable | None = None) -> list[Diagnosis]:

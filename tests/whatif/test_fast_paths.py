@@ -9,8 +9,8 @@ import pytest
 
 from smon_server import columns as columns_module
 from smon_server.columns import StepColumns
-from smon_server.whatif import from_steps
-from smon_server.whatif.from_steps import complete_steps
+from smon_server.whatif.inputs import from_steps
+from smon_server.whatif.inputs.from_steps import complete_steps
 from tests.whatif.step_records import StepRow
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from smon_server.columns import StepColumns
 from smon_server.whatif import ops as O
-from smon_server.whatif.from_steps import build_op_table, complete_steps
+from smon_server.whatif.inputs.from_steps import build_op_table, complete_steps
 from tests.whatif.step_records import StepRow
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from smon_server.whatif.engine import WhatIfConfig, analyze
-from smon_server.whatif.synthetic import SyntheticJob, synthetic_table
+from tests.support.synthetic import SyntheticJob, synthetic_table
 from tests.whatif.builders import Op, data_parallel_step, table
 
 F, B, T, OPT = 0.10, 0.20, 0.03, 0.02  # forward, backward, all-reduce transfer, optimizer

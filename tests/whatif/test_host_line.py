@@ -1,4 +1,4 @@
-"""Device time hidden behind the host (issue 29, whatif/host_line.py).
+"""Device time hidden behind the host (issue 29, whatif/inputs/host_line.py).
 
 A two-lane simulation of a DDP GPU job: the host issues each phase (taking `host` seconds), the
 device runs its kernels in order as soon as they are issued and it is free, and CUDA-event marks
@@ -18,8 +18,8 @@ from smon_server.columns import StepColumns
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.diagnosis import stragglers
 from smon_server.whatif.engine import analyze
-from smon_server.whatif.from_steps import build_op_table, complete_steps
-from smon_server.whatif.host_line import replay_line
+from smon_server.whatif.inputs.from_steps import build_op_table, complete_steps
+from smon_server.whatif.inputs.host_line import replay_line
 from tests.whatif.step_records import StepRow
 
 ROBUST = WhatIfConfig(estimator="robust")

@@ -15,7 +15,7 @@ import smon_server.offline as offline
 from smon_server.views.summary import rank_heatmap, step_series, to_summary, worker_grid
 from smon_server.whatif.engine import analyze
 from smon_server.whatif.ops import OpTable
-from smon_server.whatif.synthetic import SyntheticJob, synthetic_table
+from tests.support.synthetic import SyntheticJob, synthetic_table
 from tests.whatif.conftest import require_conformance
 
 SUMMARY_FIELDS = {

@@ -133,7 +133,7 @@ def test_rare_op_missed_by_the_discovery_sample_is_still_laid_out() -> None:
     must send the layout back to read every row."""
     from dataclasses import replace
 
-    from smon_server.whatif.synthetic import SyntheticJob, synthetic_table
+    from tests.support.synthetic import SyntheticJob, synthetic_table
 
     t = synthetic_table(SyntheticJob(dp=64, pp=4, microbatches=16, steps=30))
     assert len(t) > 1 << 19  # so the sample strides over rows
@@ -159,7 +159,7 @@ def test_clock_offsets_are_recovered_from_shared_ends() -> None:
     from dataclasses import replace
 
     from smon_server.whatif.clock import estimate_offsets
-    from smon_server.whatif.synthetic import SyntheticJob, synthetic_table
+    from tests.support.synthetic import SyntheticJob, synthetic_table
 
     dp, pp = 4, 3
     t = synthetic_table(SyntheticJob(dp=dp, pp=pp, microbatches=4, steps=6, slow_workers={(1, 1): 1.4}))

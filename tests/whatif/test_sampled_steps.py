@@ -17,7 +17,7 @@ from smon_server.columns import StepColumns
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.diagnosis import stragglers
 from smon_server.whatif.engine import analyze
-from smon_server.whatif.from_steps import build_op_table, complete_steps
+from smon_server.whatif.inputs.from_steps import build_op_table, complete_steps
 from tests.whatif.step_records import DdpJob, StepRow, simulate
 
 ROBUST = WhatIfConfig(estimator="robust")

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from smon_server.whatif.trace import TraceError, load_meta, load_trace, trace_name
+from smon_server.whatif.inputs.trace import TraceError, load_meta, load_trace, trace_name
 
 
 def write_trace(path: Path, **overrides: object) -> Path:

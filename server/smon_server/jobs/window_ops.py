@@ -3,7 +3,7 @@
 Reading a 4,096-rank × 500-step window and building its op table is most of a cold pass (tens of
 seconds). From one pass to the next only the newest steps change, so the process that analyses a
 job keeps the job's op table and, each pass, reads and builds only the steps after the newest one
-it holds, merges them in (whatif/merge.py) and drops the steps that slid out of the window.
+it holds, merges them in (whatif/inputs/merge.py) and drops the steps that slid out of the window.
 
 What may be kept: every step up to the newest *complete* step M (every worker reported it) is
 settled. An agent ships its records in step order and resends unacked batches before newer ones,
@@ -32,8 +32,8 @@ from smon_server.columns import StepColumns, dense_index
 from smon_server.store.models import Agent, Job, StepRecord
 from smon_server.store.queries import newest_steps
 from smon_server.store.step_window import read_window
-from smon_server.whatif.from_steps import build_labelled_op_table, complete_steps
-from smon_server.whatif.merge import HostLabels, drop_unused_types, join_tables, merge_tables
+from smon_server.whatif.inputs.from_steps import build_labelled_op_table, complete_steps
+from smon_server.whatif.inputs.merge import HostLabels, drop_unused_types, join_tables, merge_tables
 from smon_server.whatif.ops import OpTable
 
 StepTimes = list[tuple[int, float, float]]
@@ -166,7 +166,7 @@ def _cold(
     skip: Sequence[tuple[int, int]],
 ) -> _Entry | None:
     # One step before the window: steps are cut at their last collective, and the window's
-    # first step starts with the tail of the one before it (whatif/from_steps.py).
+    # first step starts with the tail of the one before it (whatif/inputs/from_steps.py).
     small = lo is not None and hi is not None and max(job.world_size, 1) * (hi - lo + 2) <= WHOLE_READ_RECORDS
     if lo is None or hi is None or hi - lo < 2 * COLD_CHUNK_STEPS or small:
         first = lo - 1 if lo is not None else None

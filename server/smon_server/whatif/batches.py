@@ -114,7 +114,7 @@ def length_driven(table: OpTable) -> frozenset[str]:
 def host_floors(table: OpTable) -> dict[str, float]:
     """Per compute op type with host issue times, the time a typical worker's host took to issue
     one instance (the lower median over workers of each worker's mean): no ideal runs an op faster
-    than the host can issue it (whatif/host_line.py). The lower median keeps a rank whose host is
+    than the host can issue it (whatif/inputs/host_line.py). The lower median keeps a rank whose host is
     slow out of the floor, as the robust D* keeps it out of the ideal."""
     if not table.has_host:
         return {}

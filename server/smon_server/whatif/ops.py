@@ -73,7 +73,7 @@ class OpTable:
     duration: np.ndarray  # float64
     rank: np.ndarray  # int32
     seq_sq: np.ndarray = field(default_factory=lambda: np.empty(0))  # float64, or empty
-    # A device-timed op's host issue time (whatif/host_line.py): NaN where the op has none, empty
+    # A device-timed op's host issue time (whatif/inputs/host_line.py): NaN where the op has none, empty
     # when no op has one. Not in COLUMNS: CPU jobs, and window caches of them, carry none.
     host_duration: np.ndarray = field(default_factory=lambda: np.empty(0))
     # True for tables built from step records, which cover each step whole: the step ends where

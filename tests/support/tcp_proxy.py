@@ -1,7 +1,7 @@
 """A TCP proxy in its own process, for tests that put a fault between the server and its database:
 kill it (connections cut, new ones refused), or stop it with SIGSTOP (a database that hangs: the
 kernel still accepts connections and data, nobody answers). Standard library only, so it starts
-in a few tens of milliseconds: `python tests/tcp_proxy.py LISTEN_PORT TARGET_HOST TARGET_PORT`."""
+in a few tens of milliseconds: `python tests/support/tcp_proxy.py LISTEN_PORT TARGET_HOST TARGET_PORT`."""
 
 from __future__ import annotations
 

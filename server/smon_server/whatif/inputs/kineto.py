@@ -3,7 +3,7 @@
 `smon analyze DIR` reads one trace per rank (`*.json` or `*.json.gz`, as `export_chrome_trace` or
 `tensorboard_trace_handler` write them) and turns each profiled step into a step record with
 spans, which then goes through the same op-table builder as a live job's records
-(whatif/from_steps.py): nested spans carved, untimed stretches kept as `host` ops, steps re-cut at
+(whatif/inputs/from_steps.py): nested spans carved, untimed stretches kept as `host` ops, steps re-cut at
 the gradient sync. What each span is made of (docs/analysis.md, "Profiler traces"):
 
 - a step: `ProfilerStep#N` (host annotation; N is the step number);
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from smon_server.columns import StepColumns
-from smon_server.whatif.trace import JobMeta, TraceError
+from smon_server.whatif.inputs.trace import JobMeta, TraceError
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")

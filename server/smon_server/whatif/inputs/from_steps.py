@@ -27,7 +27,7 @@ import numpy as np
 
 from smon_server.columns import StepColumns, segment_starts, segmented_running_max
 from smon_server.whatif import ops as O
-from smon_server.whatif.host_line import replay_line
+from smon_server.whatif.inputs.host_line import replay_line
 from smon_server.whatif.ops import OpTable
 
 # Agent span kind -> engine op type. Kinds not listed keep their own name (custom phases).
@@ -85,7 +85,7 @@ def build_op_table(cols: StepColumns) -> OpTable:
 def build_labelled_op_table(cols: StepColumns) -> tuple[OpTable, list[tuple[str, int]]]:
     """The op table, and for each host op seq_id its label (the op type it precedes, or
     `<end>`, and that op's occurrence): what lets tables of consecutive steps built apart be
-    merged into one (whatif/merge.py)."""
+    merged into one (whatif/inputs/merge.py)."""
     cols = _lead_tp(cols)
     cols, _ = replay_line(cols, SPAN_OP_TYPES)  # device time hidden behind the host (host_line.py)
     order = np.lexsort((cols.step, cols.rank))
