@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from smon_server.api.schemas import HeatmapOut
+from smon_server.grid import Grid
 from smon_server.runtime import BackgroundServer
 from smon_server.store import phase_grids, queries
-from smon_server.store.grids import Grid
 from smon_server.store.models import Job
 from smon_server.store.step_window import read_window
 from smon_server.views.heatmap import downsample, response_json, select

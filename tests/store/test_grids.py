@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from smon_server.store.grids import Grid, pack, unpack
+from smon_server.grid import Grid
+from smon_server.store.grids import pack, unpack
 from smon_server.views.heatmap import downsample, select
 
 

@@ -314,7 +314,7 @@ def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dic
     from smon_server.store import codec
     from smon_server.store.models import Job
     from smon_server.store.step_window import read_window
-    from smon_server.store.writes import write_batch
+    from smon_server.store.writes import write_batches
     from tests.support import factories as f
 
     db = Database(database_url)
@@ -370,7 +370,7 @@ def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dic
 
         assert names("old") == ["forward", "backward"]
         step = f.dp_step(0, start=f.T0)  # data_wait, forward, backward, grad_sync, optimizer: codes 1..5
-        write_batch(db, validate_batch(f.batch("new", 0, 1, steps=[step]), Limits()), now=f.T0)
+        write_batches(db, [validate_batch(f.batch("new", 0, 1, steps=[step]), Limits())], now=f.T0)
         before = names("new")
         assert sorted(before) == ["backward", "data_wait", "forward", "grad_sync", "optimizer"]
         db.dispose()  # the process caches codes: a downgrade is made with no server running

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from smon_server.store.grids import Grid
+from smon_server.grid import Grid
 
 
 def select(
