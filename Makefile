@@ -49,12 +49,14 @@ TEST_WORKERS ?= 2
 test: venv web
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) -m "not (slow or torch)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PY) -m pytest -q -ra -p no:xdist -m "slow or torch" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: venv
 	$(PY) -m mypy

@@ -316,6 +316,7 @@ def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dic
     from smon_server.store.step_window import read_window
     from smon_server.store.writes import write_batches
     from tests.support import factories as f
+    from tests.support.stored import pack_spans
 
     db = Database(database_url)
     try:
@@ -342,7 +343,7 @@ def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dic
                     " 'h', '', 0, 0, 0, 1, '', '', 0.0, 1.0, 2.0, 0, 0, false, '')"
                 )
             )
-            spans = codec.pack_spans([(1, 0.0, 0.1, -1, 0), (2, 0.1, 0.2, -1, 0)])
+            spans = pack_spans([(1, 0.0, 0.1, -1, 0), (2, 0.1, 0.2, -1, 0)])
             c.execute(
                 sa.text(
                     "INSERT INTO step_records (job_key, step, rank, start_time, duration, agent_key,"
