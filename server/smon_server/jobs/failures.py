@@ -18,7 +18,6 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from smon_server.grid import Grid
 from smon_server.jobs.analysis import current_state
 from smon_server.jobs.live import empty_summary
 from smon_server.jobs.workers import WORKER_DIED, WORKER_DIED_AGAIN
@@ -110,7 +109,7 @@ def fill_empty(row: AnalysisResult, job: Job, now: float) -> None:
     row.rank_overall = {}
     row.top_workers = []
     row.recent_stragglers = []
-    row.heatmap = grids.pack(Grid.empty())
+    row.heatmap = grids.pack(grids.Grid.empty())
 
 
 def failed_result(job: Job, state: str, error: BaseException) -> dict[str, Any]:
@@ -125,5 +124,5 @@ def failed_result(job: Job, state: str, error: BaseException) -> dict[str, Any]:
         "steps": [],
         "workers": {"dp_ranks": [], "stages": [], "values": []},
         "rank_overall": {},
-        "heatmap": Grid.empty(),
+        "heatmap": grids.Grid.empty(),
     }

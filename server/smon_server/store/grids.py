@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-# Importable from here too until jobs/analysis.py and api/jobs.py import them from smon_server.grid.
+# Importable from here too until their users outside views (jobs/, api/jobs.py, benchmarks) import them
+# from smon_server.grid (left for the branches that change those files at the same time).
 from smon_server.grid import Grid as Grid
 from smon_server.grid import concat_steps as concat_steps
 
