@@ -22,61 +22,32 @@ BENCHMARKS = REPO_ROOT / "benchmarks"
 @dataclass(frozen=True)
 class Smoke:
     script: str
-    args: tuple[str, ...]
+    args: str  # command-line arguments, split on spaces
     # A line of the report the script prints last: it ran to the end, not just started.
     expect: str
     marks: tuple[pytest.MarkDecorator, ...] = ()
 
 
 SMOKES = [
-    Smoke("whatif_speed.py", ("--quick",), "cost is linear in ops"),
-    Smoke("gpu_overhead.py", ("--fake", "--rounds", "2", "--block", "2"), "target: smon"),
+    Smoke("whatif_speed.py", "--quick", "cost is linear in ops"),
+    Smoke("gpu_overhead.py", "--fake --rounds 2 --block 2", "target: smon"),
     Smoke(
         "analysis_pass.py",
-        tuple(
-            [
-                "--ranks",
-                "8",
-                "--steps",
-                "20",
-                "--new-steps",
-                "2",
-                "--jobs",
-                "2",
-                "--job-ranks",
-                "4",
-                "--workers",
-                "1",
-                "--baseline",
-                "none",
-            ]
-        ),
+        "--ranks 8 --steps 20 --new-steps 2 --jobs 2 --job-ranks 4 --workers 1 --baseline none",
         "CPU s, both passes",
     ),
+    Smoke("api_latency.py", "--jobs 1 --ranks 4 --requests 4 --old-runs 1", "phase columns:"),
+    Smoke("hosts_latency.py", "--hosts 20 --incidents 50 --requests 2", "GET /metrics"),
+    Smoke("ingest.py", "--agents 2 --jobs 1 --batches 2 --rounds 1", "raw COPY"),
+    Smoke("fleet.py", "--agents 10 --duration 2 --warmup 1", "largest fleet sustained"),
+    Smoke("dashboard_load.py", "--ranks 8 --jobs 1 --runs 1", "load"),
+    Smoke("time_to_flag.py", "--ranks 2 --onset 5 --after 3", "before the onset", (pytest.mark.torch,)),
     Smoke(
-        "api_latency.py",
-        ("--jobs", "1", "--ranks", "4", "--requests", "4", "--old-runs", "1"),
-        "phase columns:",
-    ),
-    Smoke("hosts_latency.py", ("--hosts", "20", "--incidents", "50", "--requests", "2"), "GET /metrics"),
-    Smoke("ingest.py", ("--agents", "2", "--jobs", "1", "--batches", "2", "--rounds", "1"), "raw COPY"),
-    Smoke("fleet.py", ("--agents", "10", "--duration", "2", "--warmup", "1"), "largest fleet sustained"),
-    Smoke("dashboard_load.py", ("--ranks", "8", "--jobs", "1", "--runs", "1"), "load"),
-    Smoke(
-        "time_to_flag.py",
-        ("--ranks", "2", "--onset", "5", "--after", "3"),
-        "before the onset",
-        (pytest.mark.torch,),
-    ),
-    Smoke(
-        "s_accuracy.py",
-        ("--quick", "--cases", "slow_forward", "--steps", "12"),
-        "truth: straggling",
-        (pytest.mark.torch,),
+        "s_accuracy.py", "--quick --cases slow_forward --steps 12", "truth: straggling", (pytest.mark.torch,)
     ),
     Smoke(
         "agent_overhead.py",
-        ("--rounds", "1", "--tiny-steps", "20", "--ddp-tiny-rounds", "0", "--ddp-rounds", "0"),
+        "--rounds 1 --tiny-steps 20 --ddp-tiny-rounds 0 --ddp-rounds 0",
         "calls per step",
         (pytest.mark.torch,),
     ),
@@ -96,7 +67,7 @@ def test_benchmark_runs(smoke: Smoke) -> None:
         debian_tool("chromium", "chromium")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO_ROOT / p) for p in ("", "agent", "server"))}
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / smoke.script), *smoke.args],
+        [sys.executable, str(BENCHMARKS / smoke.script), *smoke.args.split()],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
