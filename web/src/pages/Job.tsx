@@ -174,7 +174,7 @@ export function JobPage({ jobId, search, info }: { jobId: string; search: URLSea
       )}
       {s && s.slowdown !== null && s.diagnoses.length === 0 && (
         <Section title="Diagnoses">
-          <p class="muted">No cause stands out: {s.slowdown < fmt.STRAGGLING ? "the job is not straggling." : "see the attribution below."}</p>
+          <p class="muted">No cause stands out: {info && s.slowdown < info.straggling_threshold ? "the job is not straggling." : "see the attribution below."}</p>
         </Section>
       )}
 

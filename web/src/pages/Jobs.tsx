@@ -102,7 +102,7 @@ export function JobsPage({ search, info }: { search: URLSearchParams; info: Info
               checked={straggling}
               onChange={(e) => navigate(withQuery({ straggling: (e.target as HTMLInputElement).checked ? "1" : null }), true)}
             />
-            straggling only (S ≥ {fmt.STRAGGLING})
+            straggling only{info && ` (S ≥ ${info.straggling_threshold})`}
           </label>
         </form>
       </div>
