@@ -83,6 +83,7 @@ def test_info_and_ranks(database_url: str) -> None:
         assert info["ingest_address"] == f"smon.example:{server.ports.grpc}"
         assert {"forward", "backward", "grad_sync", "other", "gc"} <= set(info["phases"])
         assert info["straggling_threshold"] == WhatIfConfig().straggling_threshold  # the engine's
+        assert info["attribution_threshold"] == WhatIfConfig().attribution_threshold
 
         assert server.context is not None
         with server.context.db.session() as session:

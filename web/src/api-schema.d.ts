@@ -1032,6 +1032,11 @@ export interface components {
              */
             straggling_threshold: number;
             /**
+             * Attribution Threshold
+             * @description S from which a slowdown is attributed (DESIGN §5)
+             */
+            attribution_threshold: number;
+            /**
              * Ingest Address
              * @description host:port agents send to (SMON_SERVER), as far as it is known
              */
