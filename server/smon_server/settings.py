@@ -10,6 +10,10 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+# S at or above which a job is straggling (DESIGN §5): the engine's default
+# (whatif/config.py WhatIfConfig.straggling_threshold), here so the API and /api/v1/info read it
+# without importing the engine. Not a setting; tests/api/test_reads_only.py holds the two equal.
+STRAGGLING_THRESHOLD = 1.1
 
 
 def default_database_url() -> str:
@@ -61,6 +65,10 @@ class Settings(BaseSettings):
     # and builds only the new steps (jobs/window_ops.py); unset: a quarter of the machine's
     # memory shared by the analysing processes; 0 turns it off.
     analysis_cache_mb: Annotated[int | None, Field(ge=0)] = None
+    # Seconds an API request waits for the analysis of a step window the pass has not stored
+    # (`?from_step=`, `?to_step=`, `?window=`; jobs/windows.py) before it is answered 504; the
+    # analysis goes on and is kept, so asking again gets it.
+    window_analysis_timeout: Annotated[float, Field(gt=0)] = 30.0
     stall_seconds: Annotated[float, Field(gt=0)] = 120.0
     gpu_hour_price: Annotated[float, Field(ge=0)] = 0.0
     # The first steps after a start or restart (allocator, lazy init, DDP bucket rebuild) are
@@ -130,6 +138,11 @@ class Settings(BaseSettings):
     host_history_days: Annotated[float, Field(ge=0)] = 90.0
     # Finished jobs' series stay this long after the job was last heard from, then go away.
     metrics_finished_grace: Annotated[float, Field(ge=0)] = 900.0
+
+    @property
+    def straggling_threshold(self) -> float:
+        """STRAGGLING_THRESHOLD (the engine's; not configurable): what clients filter and colour by."""
+        return STRAGGLING_THRESHOLD
 
     @field_validator("database_url")
     @classmethod

@@ -20,8 +20,8 @@ from smon_server.jobs import live, trend
 from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness, job_state
 from smon_server.jobs.memory import release_freed_memory
+from smon_server.jobs.processes import WORKER_DIED, default_processes
 from smon_server.jobs.window_ops import WindowCache, cache_key, window_ops
-from smon_server.jobs.workers import WORKER_DIED
 from smon_server.settings import Settings
 from smon_server.store import grids, phase_grids, queries
 from smon_server.store.grids import Grid
@@ -195,8 +195,6 @@ def process_cache(settings: Settings) -> WindowCache | None:
 def cache_bytes(settings: Settings) -> int:
     """SMON_ANALYSIS_CACHE_MB, or a quarter of physical memory over the analysing processes, the
     big jobs' own worker counted (a 4,096-rank × 500-step window keeps about 0.65 GB)."""
-    from smon_server.jobs.workers import default_processes
-
     if settings.analysis_cache_mb is not None:
         return settings.analysis_cache_mb * 1024 * 1024
     try:
