@@ -209,8 +209,9 @@ _local_leases_guard = threading.Lock()
 
 
 def _local_lease(name: str) -> threading.Lock:
-    """Serialises the loop and API requests on one job attempt within this process (SQLite has no
-    advisory locks; on PostgreSQL the database lease also covers other replicas)."""
+    """Serialises passes on one job attempt within this process (a pass a test runs beside the
+    loop's; SQLite has no advisory locks; on PostgreSQL the database lease also covers other
+    replicas). API requests take no lease: they only read (docs/server.md)."""
     with _local_leases_guard:
         return _local_leases.setdefault(name, threading.Lock())
 
@@ -221,11 +222,9 @@ def analyse_one(
     now: float,
     *,
     attempt: int | None = None,
-    state_change_only: bool = False,
 ) -> bool:
-    """Analyse one job attempt (default: the job's newest) if it has news (or, with
-    `state_change_only`, only if it changed state since its stored analysis: what the API does
-    before serving it) and store the result. Each attempt has its own lease and result."""
+    """Analyse one job attempt (default: the job's newest) if it has news (new steps, a changed
+    state) and store the result. Each attempt has its own lease and result."""
     if attempt is None:
         with context.db.session() as session:
             attempt = queries.attempt_count(session=session, job_id=job_id)
@@ -234,7 +233,7 @@ def analyse_one(
     lease = attempts.name(job_id, attempt)
     with _local_lease(lease):
         try:
-            return _analyse_leased(context, job_id, attempt, lease, now, state_change_only)
+            return _analyse_leased(context, job_id, attempt, lease, now)
         except DATABASE_UNAVAILABLE:
             raise  # an outage, not this job's fault: every job waits for the database alike
         except Exception as exc:
@@ -252,13 +251,10 @@ def analyse_one(
             )
 
 
-def _analyse_leased(
-    context: LoopContext, job_id: str, attempt: int, lease: str, now: float, state_change_only: bool
-) -> bool:
+def _analyse_leased(context: LoopContext, job_id: str, attempt: int, lease: str, now: float) -> bool:
     settings = context.settings
     with context.db.transaction() as session:
-        # The API waits for a running analysis of the job (then usually finds it up to date).
-        if not try_lease(session, lease, wait=state_change_only):
+        if not try_lease(session, lease):  # another replica analyses it this pass
             return False
         job = session.get(Job, (job_id, attempt))
         if job is None:
@@ -270,7 +266,6 @@ def _analyse_leased(
             previous=previous,
             settings=settings,
             now=now,
-            state_change_only=state_change_only,
         ):
             return False
         if context.workers is not None:

@@ -18,7 +18,6 @@ and never with a job's lease: nothing is stored, so nothing is contended.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import OrderedDict
@@ -29,15 +28,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from smon_server.jobs import failures
-from smon_server.jobs.analysis import analyze_job, current_state
+from smon_server.jobs import analysis, failures
 from smon_server.jobs.workers import AnalysisWorkers
 from smon_server.settings import Settings
 from smon_server.store.db import DATABASE_UNAVAILABLE, Database
 from smon_server.store.models import Job
 from smon_server.store.queries import StepWindow
 
-log = logging.getLogger(__name__)
 
 IN_FLIGHT = 2  # windows analysed at once, per server process (each may take a core and ~GBs)
 KEEP = 16  # results kept (a 4,096-rank × 500-step heatmap is ~8 MB)
@@ -101,7 +98,9 @@ class WindowAnalyses:
         job's data is answered as a failed one (served, not stored), as the pass stores its own.
         Raises Busy, TimedOut, Gone, or a DATABASE_UNAVAILABLE error."""
         now = time.time()
-        state = current_state(session=session, job=job, stall_seconds=self.settings.stall_seconds, now=now)
+        state = analysis.current_state(
+            session=session, job=job, stall_seconds=self.settings.stall_seconds, now=now
+        )
         key = WindowKey(
             job_id=job.job_id,
             attempt=job.attempt,
@@ -160,7 +159,9 @@ class WindowAnalyses:
             job = session.get(Job, (job_id, attempt))
             if job is None:
                 return None
-            return analyze_job(session=session, job=job, settings=self.settings, now=now, window=window)
+            return analysis.analyze_job(
+                session=session, job=job, settings=self.settings, now=now, window=window
+            )
 
     def _finished(self, key: WindowKey, future: Future[dict[str, Any] | None]) -> None:
         """Keep a successful result (failures are not kept: the next request tries again)."""
