@@ -10,10 +10,6 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
-# S at or above which a job is straggling (DESIGN §5): the engine's default
-# (whatif/config.py WhatIfConfig.straggling_threshold), here so the API and /api/v1/info read it
-# without importing the engine. Not a setting; tests/api/test_reads_only.py holds the two equal.
-STRAGGLING_THRESHOLD = 1.1
 
 
 def default_database_url() -> str:
@@ -138,11 +134,6 @@ class Settings(BaseSettings):
     host_history_days: Annotated[float, Field(ge=0)] = 90.0
     # Finished jobs' series stay this long after the job was last heard from, then go away.
     metrics_finished_grace: Annotated[float, Field(ge=0)] = 900.0
-
-    @property
-    def straggling_threshold(self) -> float:
-        """STRAGGLING_THRESHOLD (the engine's; not configurable): what clients filter and colour by."""
-        return STRAGGLING_THRESHOLD
 
     @field_validator("database_url")
     @classmethod

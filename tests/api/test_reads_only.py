@@ -12,12 +12,12 @@ from __future__ import annotations
 import grimp
 import pytest
 
-from smon_server.settings import STRAGGLING_THRESHOLD, Settings
-from smon_server.whatif.config import WhatIfConfig
-
 ENGINE = "smon_server.whatif"
 LOOP = "smon_server.jobs.loop"
 ROOT = ("smon_server.context", "smon_server.runtime", "smon_server.cli")
+# `python -m smon_server.api.openapi` prints the schema of an app it builds: an entry point, a
+# composition root of its own, as cli.py is.
+ENTRY_POINTS = {"smon_server.api.openapi"}
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +54,7 @@ def test_no_api_module_reaches_the_loop_at_all(graph: grimp.ImportGraph) -> None
 def test_the_loop_and_the_api_do_not_import_the_composition_root(graph: grimp.ImportGraph) -> None:
     """context.py builds the workers and the window service; what it builds must not import it."""
     below = [*_api_modules(graph), *sorted(graph.find_descendants("smon_server.jobs"))]
+    below = [module for module in below if module not in ENTRY_POINTS]
     found = {
         (module, imported)
         for module in below
@@ -73,7 +74,3 @@ def test_analysis_and_its_workers_form_no_cycle(graph: grimp.ImportGraph) -> Non
         graph.find_shortest_chain(importer="smon_server.jobs.failures", imported="smon_server.jobs.workers")
         is None
     )
-
-
-def test_the_api_straggling_threshold_is_the_engines() -> None:
-    assert STRAGGLING_THRESHOLD == WhatIfConfig().straggling_threshold == Settings().straggling_threshold

@@ -57,7 +57,7 @@ from smon_server.api.schemas import (
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import trend, windows
 from smon_server.jobs.liveness import JobState, job_state
-from smon_server.settings import STRAGGLING_THRESHOLD, Settings
+from smon_server.settings import Settings
 from smon_server.store import grids, queries
 from smon_server.store.models import AnalysisResult, Job
 from smon_server.store.queries import StepWindow
@@ -87,8 +87,8 @@ def list_jobs(
         now=time.time(),
         stall_seconds=context.settings.stall_seconds,
         state=state.value if state is not None else None,
-        slowdown_at_least=STRAGGLING_THRESHOLD if straggling is True else None,
-        slowdown_below=STRAGGLING_THRESHOLD if straggling is False else None,
+        slowdown_at_least=context.straggling_threshold if straggling is True else None,
+        slowdown_below=context.straggling_threshold if straggling is False else None,
         contains=q,
         job_id=job_id,
         limit=limit,

@@ -35,7 +35,6 @@ from smon_server.store.db import DATABASE_UNAVAILABLE, Database
 from smon_server.store.models import Job
 from smon_server.store.queries import StepWindow
 
-
 IN_FLIGHT = 2  # windows analysed at once, per server process (each may take a core and ~GBs)
 KEEP = 16  # results kept (a 4,096-rank × 500-step heatmap is ~8 MB)
 # What a window's analysis keeps: the views routes serve (not the pass's trend or phase columns).
