@@ -67,8 +67,12 @@ def test_a_job_not_analysed_yet_is_analysed_for_the_request_and_by_the_woken_loo
     push_job(server, job)
     summary = httpx.get(f"{server.http_url}/api/v1/jobs/{job}/summary").json()
     assert summary["state"] == "running" and summary["steps_seen"] > 0
-    listed = lambda: httpx.get(f"{server.http_url}/api/v1/jobs", params={"job_id": job}).json()["jobs"]  # noqa: E731
-    assert _until(lambda: listed()[0]["computed_at"] is not None)  # the pass stored it
+
+    def stored() -> bool:
+        listed = httpx.get(f"{server.http_url}/api/v1/jobs", params={"job_id": job}).json()["jobs"]
+        return listed[0]["computed_at"] is not None
+
+    assert _until(stored)  # the woken loop's pass stored it (its interval is an hour)
 
 
 def test_windows_are_bounded_timed_and_cached(
