@@ -11,7 +11,8 @@ woken to store the new one at once (docs/server.md "Reads"). Another step window
 jobs/windows.py in the analysis workers, bounded, cached and timed. The routes are sync functions,
 run in FastAPI's threadpool: their database reads are synchronous SQLAlchemy, and a window's
 analysis is a concurrent.futures.Future the thread waits on (at most SMON_WINDOW_ANALYSIS_TIMEOUT
-seconds, and at most windows.IN_FLIGHT threads at once), so the event loop is never blocked."""
+seconds; at most windows.IN_FLIGHT analyses run at once, the next is a 503), so the event loop is
+never blocked and an async route would only have moved the same reads onto threads itself."""
 
 from __future__ import annotations
 
