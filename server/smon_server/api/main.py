@@ -19,10 +19,18 @@ log = logging.getLogger(__name__)
 
 
 def create_app(context: ApiContext) -> FastAPI:
+    """The app serving `context`'s server (the composition root hands it in)."""
+    app = build_app(protected=bool(context.settings.api_token))
+    app.state.context = context
+    return app
+
+
+def build_app(*, protected: bool) -> FastAPI:
+    """Routes, models and middleware, with no server behind them yet: what the OpenAPI schema is
+    made of (api/openapi.py needs no database or workers to print it)."""
     # With an API token the schema sits behind it too, and the interactive docs are off: a browser
     # cannot send the bearer token when it opens /docs (use the schema with a client, or put SMon
     # behind an auth proxy and leave the token unset).
-    protected = bool(context.settings.api_token)
     app = FastAPI(
         title="SMon",
         version=__version__,
@@ -31,7 +39,6 @@ def create_app(context: ApiContext) -> FastAPI:
         docs_url=None if protected else "/docs",
         redoc_url=None if protected else "/redoc",
     )
-    app.state.context = context
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(info.router)
