@@ -13,10 +13,12 @@ from smon_server.alerts.rules import Rule, load_rules
 from smon_server.jobs.processes import default_processes
 from smon_server.jobs.windows import WindowAnalyses
 from smon_server.jobs.workers import AnalysisWorkers
+from smon_server.metrics.analysis_stats import AnalysisStats
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.metrics.jobs_collector import JobsCollector
 from smon_server.settings import Settings
 from smon_server.store.db import Database
+from smon_server.store.replicas import Membership
 from smon_server.whatif.config import WhatIfConfig
 
 
@@ -27,6 +29,9 @@ class ServerContext:
     # A registry per server (not prometheus_client's global one): tests run several servers.
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     ingest_stats: IngestStats = field(init=False)
+    analysis_stats: AnalysisStats = field(init=False)
+    # This replica among those sharing the database (store/replicas.py): joined at its first pass.
+    membership: Membership = field(init=False)
     alert_rules: tuple[Rule, ...] = field(init=False)
     notifiers: list[Notifier] = field(init=False)
     # When this process last made step partitions ahead and applied retention (jobs/loop.py).
@@ -55,6 +60,8 @@ class ServerContext:
         self.alert_rules = load_rules(self.settings.alert_rules)  # a bad file fails at start
         self.notifiers = configured(self.settings)
         self.ingest_stats = IngestStats(self.registry)
+        self.analysis_stats = AnalysisStats(self.registry)
+        self.membership = Membership(self.db.engine)
         self.registry.register(JobsCollector(self.db, self.settings))
         processes = default_processes(self.settings)
         if processes:
@@ -68,6 +75,7 @@ class ServerContext:
             self.wake_loop()
 
     def close(self) -> None:
+        self.membership.leave()
         self.windows.close()
         if self.workers is not None:
             self.workers.close()

@@ -9,8 +9,15 @@ import random
 import pytest
 from sqlalchemy import create_engine
 
+from smon_server.context import ServerContext
+from smon_server.ingest.validate import Limits, validate_batch
+from smon_server.jobs import loop
 from smon_server.jobs.affinity import SLACK, Work, assign
+from smon_server.store import migrate
 from smon_server.store.replicas import Membership
+from smon_server.store.writes import write_batches
+from tests.support import factories as f
+from tests.support.settings import server_settings
 
 
 def fleet(n: int, seed: int = 1) -> list[Work]:
@@ -97,3 +104,64 @@ def test_the_embedded_database_has_one_replica(tmp_path: object) -> None:
     engine = create_engine("sqlite://")
     member = Membership(engine)
     assert member.live() == [member.key]
+
+
+@pytest.mark.postgres
+def test_two_replicas_share_the_jobs_keep_them_and_take_over_when_one_leaves(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two server contexts on one database (two replicas' analysis loops): each job is analysed
+    by one of them pass after pass (its window cache stays useful), both have a share, and the
+    jobs of one that leaves go to the other at its next pass."""
+    contexts = [
+        ServerContext.from_settings(server_settings(postgres_url, analysis_workers=0)) for _ in range(2)
+    ]
+    migrate.upgrade(contexts[0].db)
+    jobs = [f.new_job_id(f"share{i}") for i in range(8)]
+    analysed: dict[str, list[int]] = {job: [] for job in jobs}
+    real = loop.analyse_one
+
+    def recording(context: loop.LoopContext, job_id: str, now: float, *, attempt: int | None = None) -> bool:
+        done = real(context, job_id, now, attempt=attempt)
+        if done:
+            analysed[job_id].append(next(i for i, c in enumerate(contexts) if c is context))
+        return done
+
+    monkeypatch.setattr(loop, "analyse_one", recording)
+
+    def store(steps: range, t: float) -> None:
+        batches = []
+        for job in jobs:
+            records = f.dp_job_steps(2, steps, origin=f.T0)
+            batches += [f.batch(job, r, 2, steps=records[r], seq=steps.start + 1) for r in range(2)]
+        write_batches(contexts[0].db, [validate_batch(b, Limits()) for b in batches], now=t)
+
+    try:
+        for context in contexts:  # both replicas up (one started alone would take every job first)
+            context.membership.live()
+        t = f.T0 + 10
+        for round_ in range(3):
+            store(range(round_ * 5, round_ * 5 + 5), t)
+            t += 2
+            for context in contexts:  # both replicas' passes, each after new steps
+                loop.analysis_pass(context, t)
+            t += 1
+        assert all(len(by) == 3 for by in analysed.values()), analysed  # analysed at every round
+        owners = {job: set(by) for job, by in analysed.items()}
+        assert all(len(r) == 1 for r in owners.values()), f"a job moved between replicas: {owners}"
+        per_replica = [sum(r == {i} for r in owners.values()) for i in range(2)]
+        room = (1 + SLACK) * len(jobs) / 2
+        assert all(0 < n <= room for n in per_replica), per_replica
+        assert [c.analysis_stats.jobs_assigned._value.get() for c in contexts] == per_replica
+        assert contexts[0].analysis_stats.replicas._value.get() == 2
+
+        contexts[1].close()  # the second replica stops: its lock goes with it
+        store(range(15, 20), t)
+        for job in jobs:
+            analysed[job] = []
+        loop.analysis_pass(contexts[0], t + 2)
+        assert all(analysed[job] == [0] for job in jobs), analysed
+        assert contexts[0].analysis_stats.replicas._value.get() == 1
+    finally:
+        for context in contexts:
+            context.close()

@@ -19,6 +19,8 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from smon_server.store import attempts
+
 SLACK = 0.25
 
 
@@ -51,3 +53,51 @@ def assign(work: Iterable[Work], replicas: Sequence[int], *, slack: float = SLAC
         load[chosen] += w.weight
         out[w.name] = chosen
     return out
+
+
+# A job this replica does not own is analysed here all the same when its stored analysis is this
+# many intervals (and at least OVERDUE_SECONDS) behind its news: its owner is alive (its lock is
+# held) but not keeping up, or hung. A dead owner needs none of this: its lock goes with it.
+OVERDUE_INTERVALS = 5.0
+OVERDUE_SECONDS = 60.0
+# A job that has sent nothing for this long costs (almost) nothing a pass: it weighs nothing in
+# the shares, so idle jobs do not skew them (they are still spread, by their hashes).
+IDLE_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A job attempt as the pass lists it."""
+
+    job_id: str
+    attempt: int
+    world_size: int
+    first_seen: float
+    last_seen: float
+    computed_at: float | None  # its stored analysis's, if any
+
+    @property
+    def name(self) -> str:
+        return attempts.name(self.job_id, self.attempt)
+
+    def weight(self, now: float) -> float:
+        return float(max(1, self.world_size)) if now - self.last_seen < IDLE_SECONDS else 0.0
+
+    def overdue(self, now: float, interval: float) -> bool:
+        since = self.computed_at if self.computed_at is not None else self.first_seen
+        return self.last_seen > since and now - since > max(OVERDUE_INTERVALS * interval, OVERDUE_SECONDS)
+
+
+@dataclass(frozen=True)
+class Share:
+    mine: list[Listed]  # this replica's jobs, then those taken over
+    assigned: int
+    taken_over: int
+
+
+def share(listed: Sequence[Listed], me: int, replicas: Sequence[int], now: float, interval: float) -> Share:
+    """The jobs this replica analyses this pass, in the order listed."""
+    owners = assign((Work(j.name, j.weight(now)) for j in listed), replicas)
+    mine = [j for j in listed if owners.get(j.name, me) == me]
+    overdue = [j for j in listed if owners.get(j.name, me) != me and j.overdue(now, interval)]
+    return Share(mine=mine + overdue, assigned=len(mine), taken_over=len(overdue))

@@ -24,14 +24,16 @@ from smon_server.alerts.notifiers import Notifier
 from smon_server.alerts.rules import Rule
 from smon_server.hosts import fleet
 from smon_server.hosts import record as host_record
+from smon_server.jobs import affinity, failures, trend, waste
 from smon_server.jobs import analysis as job_analysis
-from smon_server.jobs import failures, trend, waste
 from smon_server.jobs.workers import AnalysisWorkers, is_big
+from smon_server.metrics.analysis_stats import AnalysisStats
 from smon_server.settings import Settings
 from smon_server.store import attempts, ledger, partitions, phase_grids, queries
 from smon_server.store.db import DATABASE_UNAVAILABLE, Database
 from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AnalysisResult, Job
+from smon_server.store.replicas import Membership
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,9 @@ class LoopContext(Protocol):
     hosts_touched: set[str]
     hosts_lock: threading.Lock
     hosts_refreshed_at: float
+    # This replica among those sharing the database, and the figures of its share.
+    membership: Membership
+    analysis_stats: AnalysisStats
 
 
 async def analysis_loop(context: LoopContext, stop: asyncio.Event, wake: asyncio.Event | None = None) -> None:
@@ -97,13 +102,35 @@ def analysis_pass(context: LoopContext, now: float) -> int:
         except Exception:
             log.exception("step record partitions / retention failed; retrying next pass")
     with context.db.session() as session:
-        # Smallest first: a 4,096-rank job's pass (seconds) does not hold up the refresh of the
-        # small jobs queued behind it on the same worker.
-        listed = sorted(
-            session.execute(select(Job.job_id, Job.attempt, Job.world_size)), key=lambda r: r[2] or 0
-        )
-        jobs = [(str(j), int(a)) for j, a, _ in listed]
-        big = {(str(j), int(a)) for j, a, size in listed if is_big(size)}
+        listed = [
+            affinity.Listed(str(j), int(a), int(size or 0), float(first), float(last), computed)
+            for j, a, size, first, last, computed in session.execute(
+                select(
+                    Job.job_id,
+                    Job.attempt,
+                    Job.world_size,
+                    Job.first_seen,
+                    Job.last_seen,
+                    AnalysisResult.computed_at,
+                ).outerjoin(
+                    AnalysisResult,
+                    (AnalysisResult.job_id == Job.job_id) & (AnalysisResult.attempt == Job.attempt),
+                )
+            )
+        ]
+    replicas = context.membership.live()
+    shared = affinity.share(listed, context.membership.key, replicas, now, context.settings.analysis_interval)
+    stats = context.analysis_stats
+    stats.replicas.set(len(replicas))
+    stats.jobs_assigned.set(shared.assigned)
+    stats.jobs_taken_over.set(shared.taken_over)
+    if shared.taken_over:
+        log.warning("analysing %d jobs of other replicas whose analyses are overdue", shared.taken_over)
+    # Smallest first: a 4,096-rank job's pass (seconds) does not hold up the refresh of the small
+    # jobs queued behind it on the same worker.
+    ordered = sorted(shared.mine, key=lambda j: j.world_size)
+    jobs = [(j.job_id, j.attempt) for j in ordered]
+    big = {(j.job_id, j.attempt) for j in ordered if is_big(j.world_size)}
     context.db.availability.succeeded()
 
     def one(job: tuple[str, int]) -> bool:
