@@ -8,7 +8,6 @@ column of its own, so the API reads only what it serves.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -20,7 +19,8 @@ from smon_server.jobs import live, trend
 from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness, job_state
 from smon_server.jobs.memory import release_freed_memory
-from smon_server.jobs.window_ops import WindowCache, cache_key, window_ops
+from smon_server.jobs.window_cache import cache_key, process_cache
+from smon_server.jobs.window_ops import window_ops
 from smon_server.jobs.workers import WORKER_DIED
 from smon_server.settings import Settings
 from smon_server.store import grids, phase_grids, queries
@@ -179,33 +179,6 @@ def analyze_job(
     }
 
 
-_cache: WindowCache | None = None
-
-
-def process_cache(settings: Settings) -> WindowCache | None:
-    """This process's cache of job windows (each analysis worker process has its own)."""
-    global _cache
-    if settings.analysis_cache_mb == 0:
-        return None
-    if _cache is None:
-        _cache = WindowCache(cache_bytes(settings))
-    return _cache
-
-
-def cache_bytes(settings: Settings) -> int:
-    """SMON_ANALYSIS_CACHE_MB, or a quarter of physical memory over the analysing processes, the
-    big jobs' own worker counted (a 4,096-rank × 500-step window keeps about 0.65 GB)."""
-    from smon_server.jobs.workers import default_processes
-
-    if settings.analysis_cache_mb is not None:
-        return settings.analysis_cache_mb * 1024 * 1024
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        memory = 8 << 30
-    return memory // 4 // (max(1, default_processes(settings)) + 1)
-
-
 def _top_workers(overall: dict[int, float], agents: Sequence[Agent], k: int) -> list[dict[str, Any]]:
     """The k ranks with the largest S_w, with what joins them to GPU metrics (host, GPU UUID)."""
     by_rank = {a.rank: a for a in agents}
@@ -281,14 +254,6 @@ def _recent_from(
 def warmup_ranges(starts: Sequence[int], warmup_steps: int) -> list[tuple[int, int]]:
     """[first, first + warmup) for every start or restart of the job's agents."""
     return [(s, s + warmup_steps) for s in starts] if warmup_steps > 0 else []
-
-
-def in_ranges(steps: np.ndarray, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
-    """Mask of `steps` inside any [lo, hi) range (one vectorised pass per range, not per row)."""
-    inside = np.zeros(steps.shape, dtype=bool)
-    for lo, hi in ranges:
-        inside |= (steps >= lo) & (steps < hi)
-    return inside
 
 
 def _backend(agents: Sequence[Agent]) -> str:
