@@ -12,7 +12,7 @@ import pytest
 
 from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest.validate import Limits, validate_batch
-from smon_server.jobs import analysis, window_cache
+from smon_server.jobs import analysis, phase_heatmap, window_cache
 from smon_server.jobs.window_cache import WindowCache
 from smon_server.settings import Settings
 from smon_server.store import migrate, phase_grids, queries, window_reader
@@ -54,7 +54,7 @@ def served(db: Database, job_id: str, metric: str, window: StepWindow, **zoom: i
     with db.session() as session:
         job = session.get(Job, (job_id, 1))
         assert job is not None
-        return analysis.phase_heatmap(
+        return phase_heatmap.phase_heatmap(
             session=session, job=job, metric=metric, window=window, default_last=WINDOW, **zoom
         )
 

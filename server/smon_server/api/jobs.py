@@ -44,7 +44,7 @@ from smon_server.api.schemas import (
     utc,
 )
 from smon_server.jobs import analysis as job_analysis
-from smon_server.jobs import failures, loop, trend
+from smon_server.jobs import failures, loop, phase_heatmap, refresh, trend
 from smon_server.jobs.liveness import JobState, job_state
 from smon_server.settings import Settings
 from smon_server.store import grids, queries
@@ -155,7 +155,7 @@ def _analysis(db: DbDep, context: ContextDep, job: Job, window: StepWindow, *par
         raise
     except Exception as exc:  # this job's data broke its analysis: say so, as the stored one does
         db.rollback()
-        state = job_analysis.current_state(
+        state = refresh.current_state(
             session=db, job=job, stall_seconds=context.settings.stall_seconds, now=now
         )
         return failures.failed_result(job, state.value, exc)
@@ -308,7 +308,7 @@ def heatmap(
         if grid is None:
             grid = _analysis(db, context, job, window, "heatmap")["heatmap"]
     else:
-        grid = job_analysis.phase_heatmap(
+        grid = phase_heatmap.phase_heatmap(
             session=db,
             job=job,
             metric=metric,

@@ -18,8 +18,8 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from smon_server.jobs.analysis import current_state
 from smon_server.jobs.live import empty_summary
+from smon_server.jobs.refresh import current_state
 from smon_server.jobs.workers import WORKER_DIED, WORKER_DIED_AGAIN
 from smon_server.store import grids
 from smon_server.store.db import Database
