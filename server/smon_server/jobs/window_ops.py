@@ -73,9 +73,7 @@ def window_ops(
     if behind or (entry is not None and hi is not None and hi < entry.table.through):
         entry = None  # the window jumped past what is kept, or looks back before it
     if entry is not None:
-        chunk = window_reader.read(session, job, entry.table.through, hi)
-        _tell(on_read, chunk)
-        entry = _extend(entry, chunk.records, skip)
+        entry = _extend(session, job, entry, hi, on_read, skip)
     if entry is not None and lo is not None and int(entry.last_seen.min()) < lo - 1:
         entry = None  # a worker left: the window's steps are complete without it
     incremental = entry is not None
@@ -133,12 +131,13 @@ def _cold(
                 return _whole(session, job, lo - 1, hi, lo, key, on_read, skip)
             newer = len(complete) and int(complete.step.max()) > through
             table = convert(complete, through + 1, skip) if newer else None
+        del complete
         if table is not None:
             tables.append(table)
         carry = records if not tables else records.take(records.step >= tables[-1].through)
     if not tables:
         return None
-    del table, records, complete, carry  # the list is the tables' only reference: join lets go as it joins
+    del table, records, carry  # the list is the tables' only reference: join lets go as it joins
     return Kept(key=key, table=merge.join(tables), workers=workers, last_seen=last_seen)
 
 
@@ -160,9 +159,20 @@ def _whole(
     return Kept(key=key, table=table, workers=workers, last_seen=last_seen) if table is not None else None
 
 
-def _extend(entry: Kept, records: StepColumns, skip: Sequence[tuple[int, int]] = ()) -> Kept | None:
-    """`entry` with the complete steps of `records` (which start at its newest step) after it;
+def _extend(
+    session: Session,
+    job: Job,
+    entry: Kept,
+    hi: int | None,
+    on_read: OnRead | None,
+    skip: Sequence[tuple[int, int]],
+) -> Kept | None:
+    """`entry` with the complete steps after its newest, read as one chunk from that step on;
     None when they cannot continue it (a worker joined, or its newest step's records are gone)."""
+    chunk = window_reader.read(session, job, entry.table.through, hi)
+    _tell(on_read, chunk)
+    records = chunk.records
+    del chunk
     workers, last_seen = reporting_workers(records)
     if not np.isin(workers, entry.workers).all():
         return None  # a worker joined: which steps are complete changes
