@@ -33,7 +33,6 @@ from smon_server.store import window_reader
 from smon_server.store.models import Job
 from smon_server.store.window_reader import Chunk
 from smon_server.whatif.inputs import merge
-from smon_server.whatif.inputs.from_steps import complete_steps
 from smon_server.whatif.inputs.step_table import StepTable, convert
 from smon_server.whatif.ops import OpTable
 
@@ -120,18 +119,20 @@ def _cold(
         _tell(on_read, chunk)
         records = chunk.records if carry is None else StepColumns.concat([carry, chunk.records])
         del chunk  # the concatenation is the copy that counts now
-        complete = complete_steps(records, workers.size)
         if not tables:
-            table = convert(complete, lo, skip)
+            table = convert(records, workers.size, lo, skip).table
         else:
             through = tables[-1].through
             seen, _ = reporting_workers(records)
-            if not np.isin(seen, workers).all() or int(complete.step.min(initial=through)) != through:
+            got = (
+                convert(records, workers.size, through + 1, skip, through)
+                if np.isin(seen, workers).all()
+                else None
+            )
+            if got is None or (got.oldest is not None and got.oldest < through):
                 # The records changed under the read (a new rank, a restart): read it whole.
                 return _whole(session, job, lo - 1, hi, lo, key, on_read, skip)
-            newer = len(complete) and int(complete.step.max()) > through
-            table = convert(complete, through + 1, skip) if newer else None
-        del complete
+            table = got.table
         if table is not None:
             tables.append(table)
         carry = records if not tables else records.take(records.step >= tables[-1].through)
@@ -155,7 +156,7 @@ def _whole(
     chunk = window_reader.read(session, job, from_step, to_step)
     _tell(on_read, chunk)
     workers, last_seen = reporting_workers(chunk.records)
-    table = convert(complete_steps(chunk.records, workers.size), lo, skip)
+    table = convert(chunk.records, workers.size, lo, skip).table
     return Kept(key=key, table=table, workers=workers, last_seen=last_seen) if table is not None else None
 
 
@@ -178,13 +179,12 @@ def _extend(
         return None  # a worker joined: which steps are complete changes
     last_seen = np.maximum(entry.last_seen, _at(workers, last_seen, entry.workers))
     through = entry.table.through
-    complete = complete_steps(records, entry.workers.size)
-    if not len(complete) or int(complete.step.min()) != through:
+    got = convert(records, entry.workers.size, through + 1, skip, through)
+    if got.oldest != through:
         return None  # retention or a rewrite took the step the new ones continue from
-    new = convert(complete, through + 1, skip) if int(complete.step.max()) > through else None
-    if new is None:
+    if got.table is None:
         return replace(entry, last_seen=last_seen)
-    return replace(entry, table=merge.extend(entry.table, new), last_seen=last_seen)
+    return replace(entry, table=merge.extend(entry.table, got.table), last_seen=last_seen)
 
 
 def _at(workers: np.ndarray, values: np.ndarray, into: np.ndarray) -> np.ndarray:

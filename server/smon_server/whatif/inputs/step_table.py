@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from smon_server.columns import StepColumns, dense_index
-from smon_server.whatif.inputs.from_steps import build_labelled_op_table
+from smon_server.whatif.inputs.from_steps import build_labelled_op_table, complete_steps
 from smon_server.whatif.ops import OpTable
 
 
@@ -42,14 +42,32 @@ class StepTable:
         )
 
 
+@dataclass(frozen=True)
+class Converted:
+    """What one chunk of records gave: the span of its complete steps, and their op table."""
+
+    oldest: int | None  # the oldest complete step (None: no step is complete)
+    newest: int | None  # the newest complete step
+    table: StepTable | None  # None when nothing was built (no complete step, or none new)
+
+
 def convert(
-    complete: StepColumns, first: int | None, skip: Sequence[tuple[int, int]] = ()
-) -> StepTable | None:
-    """Ops of the `complete` records (only steps every worker reported: `complete_steps`) from
-    step `first` on (earlier ones only lend their tail: steps are cut at their last collective),
-    but those of steps in the `skip` ranges ([a, b): warm-up). None when there are no records."""
+    records: StepColumns,
+    workers: int,
+    first: int | None,
+    skip: Sequence[tuple[int, int]] = (),
+    after: int | None = None,
+) -> Converted:
+    """The ops of the steps of `records` all `workers` workers reported, from step `first` on
+    (earlier ones only lend their tail: steps are cut at their last collective), but those of
+    steps in the `skip` ranges ([a, b): warm-up). `after`: the newest step already converted
+    (the chunk before, or a kept table); nothing is built unless a complete step is newer."""
+    complete = complete_steps(records, workers)
     if not len(complete):
-        return None
+        return Converted(None, None, None)
+    oldest, newest = int(complete.step.min()), int(complete.step.max())
+    if after is not None and newest <= after:
+        return Converted(oldest, newest, None)
     ops, labels = build_labelled_op_table(complete)
     times = step_times(complete)
     keep = ops.step >= first if first is not None else np.ones(len(ops), dtype=bool)
@@ -60,14 +78,10 @@ def convert(
         keep &= (ops.step < a) | (ops.step >= b)
     if not keep.all():
         ops = ops.take(keep)
-    return StepTable(
-        ops=ops,
-        labels=labels,
-        through=int(complete.step.max()),
-        times=times,
-        row_steps=row_steps,
-        type_newest=type_newest,
+    table = StepTable(
+        ops=ops, labels=labels, through=newest, times=times, row_steps=row_steps, type_newest=type_newest
     )
+    return Converted(oldest, newest, table)
 
 
 def step_times(records: StepColumns) -> np.ndarray:
