@@ -44,10 +44,9 @@ class StepTable:
 
 @dataclass(frozen=True)
 class Converted:
-    """What one chunk of records gave: the span of its complete steps, and their op table."""
+    """What one chunk of records gave: where its complete steps begin, and their op table."""
 
     oldest: int | None  # the oldest complete step (None: no step is complete)
-    newest: int | None  # the newest complete step
     table: StepTable | None  # None when nothing was built (no complete step, or none new)
 
 
@@ -64,12 +63,12 @@ def convert(
     (the chunk before, or a kept table); nothing is built unless a complete step is newer."""
     complete = complete_steps(records, workers)
     if not len(complete):
-        return Converted(None, None, None)
+        return Converted(None, None)
     oldest, newest = int(complete.step.min()), int(complete.step.max())
     if after is not None and newest <= after:
-        return Converted(oldest, newest, None)
+        return Converted(oldest, None)
     ops, labels = build_labelled_op_table(complete)
-    times = step_times(complete)
+    times = _step_times(complete)
     keep = ops.step >= first if first is not None else np.ones(len(ops), dtype=bool)
     if first is not None:
         times = times[times[:, 0] >= first]
@@ -81,10 +80,10 @@ def convert(
     table = StepTable(
         ops=ops, labels=labels, through=newest, times=times, row_steps=row_steps, type_newest=type_newest
     )
-    return Converted(oldest, newest, table)
+    return Converted(oldest, table)
 
 
-def step_times(records: StepColumns) -> np.ndarray:
+def _step_times(records: StepColumns) -> np.ndarray:
     """[steps, 3]: each step, its records' first start and last end (the wall time it covered)."""
     if not len(records):
         return np.zeros((0, 3))
