@@ -4,6 +4,7 @@
 FROM node:20-slim AS web
 WORKDIR /src/web
 COPY web/package.json web/package-lock.json ./
+COPY web/api-types/package.json ./api-types/
 RUN npm ci --no-audit --no-fund
 COPY web ./
 # Vite writes the build into the server package (../server/smon_server/dashboard/dist).

@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv web demo test lint typecheck proto bench wheel clean
+.PHONY: venv web api-types demo test lint typecheck proto bench wheel clean
 
 venv: $(STAMP)
 
@@ -30,12 +30,22 @@ WEB_SRC  := $(shell find web/src -type f 2>/dev/null) web/index.html web/package
 
 web: $(WEB_DIST)
 
-web/node_modules/.installed: web/package.json web/package-lock.json
+# npm ci installs web/api-types too (an npm workspace: openapi-typescript needs TypeScript 5's
+# compiler API, which the dashboard's TypeScript 7 no longer has, so it keeps its own).
+web/node_modules/.installed: web/package.json web/package-lock.json web/api-types/package.json
 	cd web && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 $(WEB_DIST): web/node_modules/.installed $(WEB_SRC)
 	cd web && npm run --silent build
+
+# The dashboard's response types (web/src/api-schema.d.ts), generated from the server's OpenAPI
+# schema: run it after changing a response model and commit the result (tests/web/test_api_types.py
+# fails while it is stale).
+api-types: venv web/node_modules/.installed
+	@mkdir -p build
+	$(PY) -m smon_server.api.openapi > build/openapi.json
+	web/api-types/node_modules/.bin/openapi-typescript build/openapi.json --output web/src/api-schema.d.ts
 
 demo: venv web
 	$(VENV)/bin/smon demo
@@ -49,12 +59,14 @@ TEST_WORKERS ?= 2
 test: venv web
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) -m "not (slow or torch)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(PY) -m pytest -q -ra -p no:xdist -m "slow or torch" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: venv
 	$(PY) -m mypy

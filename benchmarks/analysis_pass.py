@@ -42,8 +42,9 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.bench_db
 from benchmarks.bench_db import fresh_database
-from smon_server.store import codec, migrate, partitions
+from smon_server.store import codec, migrate
 from smon_server.store.db import Database
+from tests.support.stored import pack_spans, stored_bytes
 
 # The "before" of every figure: main before the cold-pass work (2026-11-25).
 BASELINE = "b59de44"
@@ -82,7 +83,7 @@ def synthetic_job(
             spans.append((5, sync_end + 0.0002, 0.003, -1, 0))
             duration = sync_end + 0.0032
             agent = (job_key - 1) * ranks + r + 1
-            packed = codec.pack_spans(spans)
+            packed = pack_spans(spans)
             rows.append((job_key, step, r, t, duration, agent, int(gc[r] > 0), float(gc[r]), packed))
         t += sync_end + 0.0032
     return rows
@@ -186,7 +187,7 @@ def build(url: str, ranks: int, steps: int) -> tuple[float, float]:
         conn.execute("DROP TABLE old_step_records")
     db = Database(url)
     with db.session() as session:
-        new_bytes = partitions.stored_bytes(session)
+        new_bytes = stored_bytes(session)
     db.dispose()
     return float(new_bytes) / len(rows), float(old_bytes) / len(sample)
 

@@ -50,6 +50,7 @@ from smon_server.store.models import Agent, AnalysisResult, Job
 from smon_server.store.queries import StepWindow
 from smon_server.store.step_window import read_window
 from smon_server.views import heatmap as heatmaps
+from tests.support.heatmaps import downsample
 
 STEPS = 500
 
@@ -270,7 +271,7 @@ def old_phase_heatmap(db: Database, job_id: str, metric: str) -> bytes:
         job = session.get(Job, (job_id, 1))
         assert job is not None
         grid = phase_heatmap._raw_phase_grid(session, job, metric, 0, STEPS - 1, None, None)
-    body = heatmaps.downsample(grid, max_ranks=512, max_steps=512)
+    body = downsample(grid, max_ranks=512, max_steps=512)
     return HeatmapOut(job_id=job_id, metric=metric, **body).model_dump_json().encode()
 
 
@@ -280,7 +281,7 @@ def old_slowdown_body(db: Database, job_id: str) -> bytes:
         blob = session.get(AnalysisResult, (job_id, 1))
         assert blob is not None
         grid = grids.unpack(blob.heatmap)
-    body = heatmaps.downsample(grid, max_ranks=512, max_steps=512)
+    body = downsample(grid, max_ranks=512, max_steps=512)
     return HeatmapOut(job_id=job_id, metric="slowdown", **body).model_dump_json().encode()
 
 

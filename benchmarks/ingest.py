@@ -50,10 +50,10 @@ sys.path.insert(0, str(REPO))  # tests.support.factories (step records) and test
 from benchmarks.bench_db import fresh_database  # noqa: E402
 from smon.table import to_table  # noqa: E402
 from smon.v1 import ingest_pb2 as pb  # noqa: E402
-from smon_server.store import partitions  # noqa: E402
 from smon_server.store.db import Database  # noqa: E402
 from tests.support import factories as f  # noqa: E402
 from tests.support.server_process import free_port, start_server  # noqa: E402
+from tests.support.stored import stored_bytes  # noqa: E402
 
 
 def batches(job: str, rank: int, world: int, count: int, per_batch: int, wire: str) -> list[bytes]:
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace, url: URL, prefix: str, env: dict[str, str]) ->
             )
         db = Database(url.render_as_string(hide_password=False))
         with db.session() as session:
-            size = partitions.stored_bytes(session)
+            size = stored_bytes(session)
             everything = session.scalar(text("SELECT count(*) FROM step_records")) or 1
         db.dispose()
 

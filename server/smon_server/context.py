@@ -14,6 +14,7 @@ from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.metrics.jobs_collector import JobsCollector
 from smon_server.settings import Settings
 from smon_server.store.db import Database
+from smon_server.whatif.config import WhatIfConfig
 
 
 @dataclass
@@ -36,6 +37,11 @@ class ServerContext:
     hosts_refreshed_at: float = field(default=0.0, init=False)
     # The gRPC port agents reach, once bound (settings may say 0: a free one).
     grpc_port: int = field(default=0, init=False)
+    # The analyses' thresholds of S (DESIGN §5): a job is straggling at `straggling_threshold`, its
+    # slowdown is attributed at `attribution_threshold`. The API reports them (/api/v1/info) from
+    # here, so it never reaches into the engine for them.
+    straggling_threshold: float = WhatIfConfig().straggling_threshold
+    attribution_threshold: float = WhatIfConfig().attribution_threshold
 
     def __post_init__(self) -> None:
         self.alert_rules = load_rules(self.settings.alert_rules)  # a bad file fails at start

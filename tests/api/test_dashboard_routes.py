@@ -14,6 +14,7 @@ import pytest
 from smon_server import dashboard
 from smon_server.jobs import analysis as job_analysis
 from smon_server.runtime import BackgroundServer
+from smon_server.whatif.config import WhatIfConfig
 from tests.api.test_jobs import SLOW_RANK, analyse, push_job
 from tests.support import factories as f
 from tests.support.factories import stored_job
@@ -81,6 +82,8 @@ def test_info_and_ranks(database_url: str) -> None:
         assert server.ports is not None
         assert info["ingest_address"] == f"smon.example:{server.ports.grpc}"
         assert {"forward", "backward", "grad_sync", "other", "gc"} <= set(info["phases"])
+        assert info["straggling_threshold"] == WhatIfConfig().straggling_threshold  # the engine's
+        assert info["attribution_threshold"] == WhatIfConfig().attribution_threshold
 
         assert server.context is not None
         with server.context.db.session() as session:

@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 
 from smon_server.api.schemas import HeatmapOut
+from smon_server.grid import Grid
 from smon_server.runtime import BackgroundServer
 from smon_server.store import phase_grids, queries
-from smon_server.store.grids import Grid
 from smon_server.store.models import Job
 from smon_server.store.step_window import read_window
-from smon_server.views.heatmap import downsample, response_json, select
+from smon_server.views.heatmap import response_json, select
 from tests.api.test_jobs import SLOW_RANK, STEPS, WORLD, analyse, push_job
 from tests.support import factories as f
+from tests.support.heatmaps import downsample
 from tests.support.settings import server_settings
 
 PHASES = ("forward", "backward", "grad_sync", "data_wait", "step_time", "other", "gc", "checkpoint")

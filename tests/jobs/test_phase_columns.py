@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from smon.v1 import ingest_pb2 as pb
+from smon_server.grid import Grid
 from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.jobs import analysis, phase_heatmap, window_cache
 from smon_server.jobs.window_cache import WindowCache
 from smon_server.settings import Settings
 from smon_server.store import migrate, phase_grids, queries, window_reader
 from smon_server.store.db import Database
-from smon_server.store.grids import Grid
 from smon_server.store.models import Job, PhaseColumn
 from smon_server.store.queries import StepWindow
 from smon_server.store.step_window import read_window

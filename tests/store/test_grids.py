@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from smon_server.store.grids import Grid, pack, unpack
-from smon_server.views.heatmap import downsample, select
+from smon_server.grid import Grid
+from smon_server.store.grids import pack, unpack
+from smon_server.views.heatmap import select
+from tests.support.heatmaps import downsample
 
 
 def grid(n: int, m: int, hot: tuple[int, int] | None = None) -> Grid:

@@ -11,12 +11,13 @@ from smon_server.store import kinds
 from smon_server.store.db import Database
 from smon_server.store.models import Job, SpanKind, StepRecord
 from smon_server.store.step_window import read_window
-from smon_server.store.writes import WriteResult, write_batch
+from smon_server.store.writes import WriteResult, write_batches
 from tests.support import factories as f
 
 
 def _store(db: Database, job: str, seq: int, steps: list[pb.StepRecord]) -> WriteResult:
-    return write_batch(db, validate_batch(f.batch(job, 0, 1, seq=seq, steps=steps), Limits()), now=f.T0)
+    batch = validate_batch(f.batch(job, 0, 1, seq=seq, steps=steps), Limits())
+    return write_batches(db, [batch], now=f.T0)[0]
 
 
 def _names(db: Database, job: str) -> dict[str, int]:

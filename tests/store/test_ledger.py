@@ -10,7 +10,7 @@ from smon_server.jobs import loop
 from smon_server.store import ledger, migrate
 from smon_server.store.db import Database
 from smon_server.store.models import IngestedBatch, IngestedFloor, StepRecord
-from smon_server.store.writes import WriteResult, write_batch
+from smon_server.store.writes import WriteResult, write_batches
 from tests.support import factories as f
 from tests.support.settings import server_settings
 
@@ -21,7 +21,7 @@ DAY = 86400.0
 def send(db: Database, job: str, seq: int, steps: range, now: float) -> WriteResult:
     records = f.dp_job_steps(1, steps, origin=now - 60)[0]
     batch = f.batch(job, 0, 1, seq=seq, steps=records, agent_id=f"{job}-agent")
-    return write_batch(db, validate_batch(batch, Limits()), now=now)
+    return write_batches(db, [validate_batch(batch, Limits())], now=now)[0]
 
 
 def count(db: Database, model: type) -> int:

@@ -314,8 +314,9 @@ def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dic
     from smon_server.store import codec
     from smon_server.store.models import Job
     from smon_server.store.step_window import read_window
-    from smon_server.store.writes import write_batch
+    from smon_server.store.writes import write_batches
     from tests.support import factories as f
+    from tests.support.stored import pack_spans
 
     db = Database(database_url)
     try:
@@ -342,7 +343,7 @@ def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dic
                     " 'h', '', 0, 0, 0, 1, '', '', 0.0, 1.0, 2.0, 0, 0, false, '')"
                 )
             )
-            spans = codec.pack_spans([(1, 0.0, 0.1, -1, 0), (2, 0.1, 0.2, -1, 0)])
+            spans = pack_spans([(1, 0.0, 0.1, -1, 0), (2, 0.1, 0.2, -1, 0)])
             c.execute(
                 sa.text(
                     "INSERT INTO step_records (job_key, step, rank, start_time, duration, agent_key,"
@@ -370,7 +371,7 @@ def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dic
 
         assert names("old") == ["forward", "backward"]
         step = f.dp_step(0, start=f.T0)  # data_wait, forward, backward, grad_sync, optimizer: codes 1..5
-        write_batch(db, validate_batch(f.batch("new", 0, 1, steps=[step]), Limits()), now=f.T0)
+        write_batches(db, [validate_batch(f.batch("new", 0, 1, steps=[step]), Limits())], now=f.T0)
         before = names("new")
         assert sorted(before) == ["backward", "data_wait", "forward", "grad_sync", "optimizer"]
         db.dispose()  # the process caches codes: a downgrade is made with no server running

@@ -12,7 +12,7 @@ from smon_server.store import partitions
 from smon_server.store.db import Database
 from smon_server.store.models import AnalysisResult, Job, StepRecord
 from smon_server.store.step_window import read_window
-from smon_server.store.writes import write_batch
+from smon_server.store.writes import write_batches
 from tests.support import factories as f
 from tests.support.settings import server_settings
 
@@ -23,7 +23,7 @@ def store(db: Database, job: str, origin: float, steps: range) -> None:
     per_rank = f.dp_job_steps(2, steps, origin=origin)
     for rank in (0, 1):
         batch = f.batch(job, rank, 2, seq=steps.start + 1, steps=per_rank[rank], agent_id=f"{job}-{rank}")
-        write_batch(db, validate_batch(batch, Limits()), now=origin)
+        write_batches(db, [validate_batch(batch, Limits())], now=origin)
 
 
 def count(db: Database, table: str = "step_records") -> int:

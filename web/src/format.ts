@@ -1,7 +1,5 @@
 // How numbers read on screen. One place, so every page rounds the same way.
 
-export const STRAGGLING = 1.1; // DESIGN §5: a job is straggling at S >= 1.1
-
 export function slowdown(s: number | null | undefined): string {
   return s === null || s === undefined ? "–" : `${s.toFixed(3)}×`;
 }

@@ -15,6 +15,7 @@ import { JobPage } from "./pages/Job";
 import { JobsPage } from "./pages/Jobs";
 import { WorkerPage } from "./pages/Worker";
 import { parse, useLocation } from "./router";
+import { ServerInfo } from "./serverInfo";
 
 function App() {
   const { pathname, search } = useLocation();
@@ -104,7 +105,7 @@ function App() {
           )}
         </span>
       </header>
-      {page}
+      <ServerInfo.Provider value={i}>{page}</ServerInfo.Provider>
     </>
   );
 }

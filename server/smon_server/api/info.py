@@ -25,6 +25,8 @@ class InfoOut(BaseModel):
     analysis_interval: float = Field(description="seconds between analysis passes: how often numbers change")
     stall_seconds: float
     warmup_steps: int
+    straggling_threshold: float = Field(description="S at which a job counts as straggling (DESIGN §5)")
+    attribution_threshold: float = Field(description="S from which a slowdown is attributed (DESIGN §5)")
     ingest_address: str = Field(description="host:port agents send to (SMON_SERVER), as far as it is known")
     phases: list[str] = Field(description="phase names usable as heatmap metrics")
 
@@ -39,6 +41,8 @@ def info(settings: SettingsDep, context: ContextDep, _auth: ApiTokenDep) -> Info
         analysis_interval=settings.analysis_interval,
         stall_seconds=settings.stall_seconds,
         warmup_steps=settings.warmup_steps,
+        straggling_threshold=context.straggling_threshold,
+        attribution_threshold=context.attribution_threshold,
         ingest_address=f"{host}:{context.grpc_port or settings.grpc_port}",
         phases=STANDARD_PHASES,
     )

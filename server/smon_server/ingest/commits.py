@@ -150,10 +150,6 @@ class GroupCommitter:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._threads = []
 
-    @property
-    def pending_records(self) -> int:
-        return self._pending
-
     def throttle_seconds(self) -> float:
         """How long agents should hold back: the backlog's drain time, once it is past half full."""
         if self._pending < self.max_pending_records / 2:

@@ -25,6 +25,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from smon.v1 import ingest_pb2 as pb
+from smon_server.ingest import wire
 from smon_server.ingest.commits import GroupCommitter, OutcomeUnknown, StorageRefused
 from smon_server.ingest.limits import ActiveJobs, AgentRates
 from smon_server.ingest.validate import BatchRejected, Limits, validate_batch
@@ -252,7 +253,7 @@ class IngestService:
             seq=valid.seq,
             accepted=valid.accepted,
             rejected=len(valid.rejections),
-            rejections=valid.rejections,
+            rejections=wire.rejections(valid.rejections),
             duplicate=result.duplicate,
             throttle_seconds=max(hold, overload, self.committer.throttle_seconds()),
             step_tables=True,

@@ -16,10 +16,10 @@ from google.protobuf.message import Message
 
 from smon.v1 import ingest_pb2 as pb
 from smon_server.columns import dense_codes
-from smon_server.ingest import record_columns
+from smon_server.ingest import record_columns, wire
 from smon_server.ingest.record_columns import RecordColumns, good_name
 from smon_server.store import codec
-from smon_server.store.rows import StepBlock, ValidBatch
+from smon_server.store.rows import Rejection, StepBlock, ValidBatch
 
 # Reasons (stable strings: they appear in Acks and in smon_ingest_rejected_total{reason}).
 MISSING_AGENT_ID = "missing_agent_id"
@@ -100,11 +100,10 @@ def validate_batch(batch: pb.Batch, limits: Limits) -> ValidBatch:
         agent_id=batch.agent_id,
         seq=batch.seq,
         job_id=coords.job,
-        coords=coords,
+        coords=wire.coordinates(coords),
         clock_offset=offset,
         final=batch.final,
-        heartbeat=batch.heartbeat if batch.HasField("heartbeat") else None,
-        counters=_clamped(batch.counters) if batch.HasField("counters") else None,
+        counters=wire.counters(batch.counters) if batch.HasField("counters") else None,
     )
     out.unknown_fields = _count_unknown(batch)
 
@@ -132,11 +131,12 @@ def validate_batch(batch: pb.Batch, limits: Limits) -> ValidBatch:
             continue
         budget -= 1
         out.gpu_samples.append(_gpu_row(sample, out, offset))
-    if out.heartbeat is not None:
-        reason = _check_heartbeat(out.heartbeat)
-        if reason is not None:
+    if batch.HasField("heartbeat"):
+        reason = _check_heartbeat(batch.heartbeat)
+        if reason is None:
+            out.heartbeat = wire.heartbeat(batch.heartbeat)
+        else:
             out.rejections.append(_reject("heartbeat", 0, reason, "heartbeat time, phase or phase_since"))
-            out.heartbeat = None
     return out
 
 
@@ -170,26 +170,15 @@ def _check_heartbeat(hb: pb.Heartbeat) -> str | None:
     return None
 
 
-def _clamped(counters: pb.AgentCounters) -> pb.AgentCounters:
-    """Cumulative uint64 counters stored in signed 64-bit columns: past the column they stay at its
-    maximum (a count that large is already "everything")."""
-    return pb.AgentCounters(
-        dropped_records=min(counters.dropped_records, _INT64_MAX),
-        errors=min(counters.errors, _INT64_MAX),
-        queued=min(counters.queued, _INT64_MAX),
-        resent_batches=min(counters.resent_batches, _INT64_MAX),
-    )
-
-
-def _reject(kind: str, index: int, reason: str, detail: str) -> pb.Rejection:
-    return pb.Rejection(kind=kind, index=index, reason=reason, detail=detail)
+def _reject(kind: str, index: int, reason: str, detail: str) -> Rejection:
+    return Rejection(kind=kind, index=index, reason=reason, detail=detail)
 
 
 def _count_unknown(message: Message) -> int:
     return len(unknown_fields.UnknownFieldSet(message))
 
 
-def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[StepBlock, list[pb.Rejection]]:
+def _step_block(cols: RecordColumns, limits: Limits, offset: float) -> tuple[StepBlock, list[Rejection]]:
     """The valid records as columns, and a rejection for each other one.
 
     Every check runs on whole columns; a record gets the first reason that applies, in the order

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from smon_server.store.grids import Grid
+from smon_server.grid import Grid
 from smon_server.views.summary import rank_heatmap, step_series, to_summary, worker_grid
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.diagnosis import Diagnosis, diagnose, stragglers

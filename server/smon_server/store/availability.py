@@ -38,10 +38,6 @@ class Availability:
         self._turned_away: Counter[str] = Counter()
         self.outages = 0  # outages begun in this process (tests read it)
 
-    @property
-    def available(self) -> bool:
-        return self._down_since is None
-
     def failed(self, exc: BaseException, turned_away: str | None = None) -> None:
         """A statement failed because the database is away; `turned_away` names what this cost
         ("ingest batches refused"), counted for the line that ends the outage."""

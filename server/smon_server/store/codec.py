@@ -40,15 +40,6 @@ SeqTuple = tuple[int, int, int, float]
 MicrobatchSeqTuple = tuple[int, int, int, int, float]
 
 
-def pack_spans(spans: Sequence[SpanTuple]) -> bytes:
-    out = np.empty(len(spans), dtype=SPAN)
-    if spans:
-        kind, start, duration, microbatch, chunk = zip(*spans, strict=True)
-        out["kind"], out["start"], out["duration"] = kind, start, duration
-        out["microbatch"], out["chunk"] = microbatch, chunk
-    return out.tobytes()
-
-
 def pack_span_columns(
     kind: np.ndarray, microbatch: np.ndarray, chunk: np.ndarray, start: np.ndarray, duration: np.ndarray
 ) -> bytes:

@@ -1,4 +1,4 @@
-"""A rank × step grid of floats (a heatmap) and its compact stored form.
+"""A heatmap's compact stored form (the value type, `Grid`, is smon_server/grid.py).
 
 A 4,096-rank × 500-step heatmap is two million numbers: as JSON lists it was 17 MB of the stored
 result and seconds to decode. Stored as float32 bytes it is 8 MB, read without parsing, and the
@@ -7,39 +7,14 @@ API downsamples it for the screen (views/heatmap.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+# Importable from here too until their users outside views (jobs/, api/jobs.py, benchmarks) import them
+# from smon_server.grid (left for the branches that change those files at the same time).
+from smon_server.grid import Grid as Grid
+from smon_server.grid import concat_steps as concat_steps
+
 _MAGIC = b"SMG1"
-
-
-@dataclass(frozen=True)
-class Grid:
-    ranks: np.ndarray  # [n] int64
-    steps: np.ndarray  # [m] int64
-    values: np.ndarray  # [n, m] float32, NaN where there is no value
-
-    @classmethod
-    def empty(cls) -> Grid:
-        return cls(np.empty(0, np.int64), np.empty(0, np.int64), np.empty((0, 0), np.float32))
-
-
-def concat_steps(parts: list[Grid]) -> Grid:
-    """Grids of consecutive step ranges side by side, over the union of their ranks."""
-    parts = [g for g in parts if g.steps.size or g.ranks.size]
-    if len(parts) == 1:
-        return parts[0]
-    if not parts:
-        return Grid.empty()
-    ranks = np.unique(np.concatenate([g.ranks for g in parts])).astype(np.int64)
-    steps = np.concatenate([g.steps for g in parts]).astype(np.int64)
-    values = np.full((ranks.size, steps.size), np.nan, dtype=np.float32)
-    at = 0
-    for g in parts:
-        values[np.searchsorted(ranks, g.ranks), at : at + g.steps.size] = g.values
-        at += g.steps.size
-    return Grid(ranks, steps, values)
 
 
 def pack(grid: Grid) -> bytes:

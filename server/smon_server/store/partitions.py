@@ -57,19 +57,6 @@ def existing_days(session: Session) -> dict[str, datetime]:
     return out
 
 
-def stored_bytes(session: Session) -> int:
-    """Bytes on disk of step_records, every partition with its indexes (PostgreSQL)."""
-    total = session.execute(
-        text(
-            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_inherits i "
-            "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent "
-            "WHERE p.relname = :parent"
-        ),
-        {"parent": PARENT},
-    ).scalar()
-    return int(total or 0)
-
-
 def ensure_partitions(session: Session, *, now: float, days_ahead: int = 2, days_back: int = 0) -> list[str]:
     """Create the day partitions from `days_back` days ago to `days_ahead` days from now that do
     not exist yet; returns their names. PostgreSQL only."""

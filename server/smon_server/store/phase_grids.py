@@ -23,8 +23,8 @@ from sqlalchemy import delete, func, insert, literal, select
 from sqlalchemy.orm import Session, aliased
 
 from smon_server.columns import StepColumns, dense_codes, dense_index
+from smon_server.grid import Grid
 from smon_server.store import copy_binary
-from smon_server.store.grids import Grid
 from smon_server.store.kinds import kind_code
 from smon_server.store.models import Job, PhaseColumn
 

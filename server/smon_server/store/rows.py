@@ -1,6 +1,8 @@
 """Row types the store reads and writes: what ingest hands to `writes.py`, what `queries.py` returns.
 
-They live here, not with their producers or consumers, so that the store depends on nothing above it.
+They live here, not with their producers or consumers, so that the store depends on nothing above it:
+not on the wire protocol either. Ingest translates each protobuf message into these (ingest/wire.py);
+the per-record data is columns already (`StepBlock`), so the translation is per batch, not per record.
 """
 
 from __future__ import annotations
@@ -11,7 +13,56 @@ from typing import Any
 
 import numpy as np
 
-import smon.v1.ingest_pb2 as pb
+
+@dataclass(frozen=True)
+class Coordinates:
+    """Where an agent runs: its ranks, host, GPU and process (stored on its agent and job rows)."""
+
+    rank: int
+    world_size: int
+    local_rank: int = 0
+    host: str = ""
+    gpu_uuid: str = ""
+    dp_rank: int = 0
+    pp_rank: int = 0
+    tp_rank: int = 0
+    dp_size: int = 0  # 0: not reported (the world size is used)
+    pp_size: int = 0
+    tp_size: int = 0
+    pid: int = 0
+    agent_version: str = ""
+    backend: str = ""
+    # The attempt identity the agent reported (a launcher's restart count), None if it said none.
+    attempt: int | None = None
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """An agent's latest sign of life, times on the agent's clock."""
+
+    time: float
+    last_step: int
+    current_step: int
+    phase: str
+    phase_since: float  # 0: no phase open
+
+
+@dataclass(frozen=True)
+class AgentCounters:
+    """An agent's cumulative counters the store keeps (the largest seen wins)."""
+
+    dropped_records: int
+    errors: int
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A record (or the whole batch, index -1) refused, and why: the agent reads it in its Ack."""
+
+    kind: str
+    index: int
+    reason: str
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -96,14 +147,14 @@ class ValidBatch:
     agent_id: str
     seq: int
     job_id: str
-    coords: pb.Coordinates
+    coords: Coordinates
     clock_offset: float
     final: bool
     steps: StepBlock = field(default_factory=StepBlock.empty)
     gpu_samples: list[dict[str, Any]] = field(default_factory=list)
-    heartbeat: pb.Heartbeat | None = None
-    counters: pb.AgentCounters | None = None
-    rejections: list[pb.Rejection] = field(default_factory=list)
+    heartbeat: Heartbeat | None = None
+    counters: AgentCounters | None = None
+    rejections: list[Rejection] = field(default_factory=list)
     unknown_fields: int = 0
     # The job attempt it is stored in, set as it is written (store/attempts.py).
     attempt: int = 1
@@ -111,7 +162,7 @@ class ValidBatch:
     @property
     def reported_attempt(self) -> int | None:
         """The attempt identity the agent reported (a launcher's restart count), if any."""
-        return int(self.coords.attempt) if self.coords.HasField("attempt") else None
+        return self.coords.attempt
 
     @property
     def accepted(self) -> int:

@@ -29,12 +29,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
-from smon.v1 import ingest_pb2 as pb
 from smon_server.store import attempts, codec, copy_binary, ledger
 from smon_server.store.db import Database, Transaction
 from smon_server.store.kinds import MAX_CODE, Resolved
 from smon_server.store.models import Agent, Base, GpuSample, IngestedBatch, IngestedFloor, Job, StepRecord
-from smon_server.store.rows import StepBlock, ValidBatch
+from smon_server.store.rows import Rejection, StepBlock, ValidBatch
 
 _JSON_COLUMNS = {"xid_events"}
 TOO_MANY_KINDS = "too_many_kinds"
@@ -60,10 +59,6 @@ class WriteResult:
 
 
 JobCodes = dict[int, Resolved]  # job attempt key -> codes of the group's names for that job
-
-
-def write_batch(db: Database, batch: ValidBatch, now: float) -> WriteResult:
-    return write_batches(db, [batch], now)[0]
 
 
 def write_batches(
@@ -219,7 +214,7 @@ def _refuse_unnamed_kinds(batch: ValidBatch, resolved: Resolved) -> ValidBatch:
         > 0
     )
     refused = [
-        pb.Rejection(
+        Rejection(
             kind="step",
             index=-1,
             reason=TOO_MANY_KINDS,

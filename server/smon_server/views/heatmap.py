@@ -12,11 +12,10 @@ import base64
 import json
 import math
 import warnings
-from typing import Any
 
 import numpy as np
 
-from smon_server.store.grids import Grid
+from smon_server.grid import Grid
 
 
 def select(
@@ -55,22 +54,6 @@ def _binned(grid: Grid, max_ranks: int, max_steps: int) -> tuple[np.ndarray, np.
     return values, r_edges, s_edges, bool(r_edges.size < n or s_edges.size < m)
 
 
-def downsample(grid: Grid, *, max_ranks: int, max_steps: int) -> dict[str, Any]:
-    """The grid binned to fit, as the heatmap response's fields (null where a bin has no value)."""
-    values, r_edges, s_edges, downsampled = _binned(grid, max_ranks, max_steps)
-    cells: list[list[float | None]] = [
-        [None if math.isnan(v) else round(v, 6) for v in row] for row in values.tolist()
-    ]
-    return {
-        "ranks": [int(grid.ranks[i]) for i in r_edges],
-        "steps": [int(grid.steps[j]) for j in s_edges],
-        "values": cells,
-        "downsampled": downsampled,
-        "rank_ranges": _ranges(grid.ranks, r_edges) if downsampled else None,
-        "step_ranges": _ranges(grid.steps, s_edges) if downsampled else None,
-    }
-
-
 def response_json(
     grid: Grid,
     *,
@@ -84,8 +67,9 @@ def response_json(
 ) -> bytes:
     """The heatmap response (api.schemas.HeatmapOut) as JSON bytes, built with array operations:
     building and validating 256,000 cells one Python object at a time took most of a 4,096-rank
-    heatmap's answer. The cells are `downsample`'s to the digit: for a float32 v, v × 10⁶ is exact
-    in float64, so rint(v × 10⁶) / 10⁶ is the correctly rounded value Python's round(v, 6) gives."""
+    heatmap's answer (that reference lives on in tests/support/heatmaps.py). The cells are its to the
+    digit: for a float32 v, v × 10⁶ is exact in float64, so rint(v × 10⁶) / 10⁶ is the correctly
+    rounded value Python's round(v, 6) gives."""
     values, r_edges, s_edges, downsampled = _binned(grid, max_ranks, max_steps)
     head = {
         "job_id": job_id,

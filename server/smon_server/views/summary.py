@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from smon_server.store.grids import Grid
+from smon_server.grid import Grid
 from smon_server.whatif.diagnosis import Diagnosis, Straggler
 from smon_server.whatif.engine import WhatIfResult
 

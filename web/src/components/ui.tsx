@@ -4,6 +4,7 @@ import type { ComponentChildren } from "preact";
 
 import type { ApiError } from "../api";
 import { onLinkClick } from "../router";
+import { useServerInfo } from "../serverInfo";
 
 export function Link({ href, children, class: cls, title }: { href: string; children: ComponentChildren; class?: string; title?: string }) {
   return (
@@ -18,8 +19,9 @@ export function StateBadge({ state }: { state: string }) {
 }
 
 export function SlowdownBadge({ value }: { value: number | null }) {
+  const straggling = useServerInfo()?.straggling_threshold ?? Infinity;
   if (value === null) return <span class="muted">not analysed yet</span>;
-  const level = value >= 1.25 ? "bad" : value >= 1.1 ? "warn" : "ok";
+  const level = value >= 1.25 ? "bad" : value >= straggling ? "warn" : "ok";
   return <span class={`slowdown ${level}`}>{value.toFixed(3)}×</span>;
 }
 

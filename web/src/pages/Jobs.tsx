@@ -1,11 +1,11 @@
 // `/`: every job, worst first by default; sortable and filterable, refreshing in place.
 import { useMemo, useState } from "preact/hooks";
 
-import { type Alert, gpuHours, type Info, type Job, type JobsPage, jobPath, request } from "../api";
-import { ErrorBanner, Link, Loading, SlowdownBadge, StateBadge } from "../components/ui";
+import { type Alert, gpuHours, type Info, type Job, type JobsPage, request } from "../api";
+import { ErrorBanner, Link, Loading } from "../components/ui";
 import { usePoll } from "../data";
-import * as fmt from "../format";
 import { navigate, withQuery } from "../router";
+import { JobRow } from "./jobs/JobRow";
 
 type SortKey = "job_id" | "state" | "world_size" | "slowdown" | "waste_fraction" | "gpu_hours_wasted" | "gpu_hours" | "last_seen" | "alerts";
 
@@ -102,7 +102,7 @@ export function JobsPage({ search, info }: { search: URLSearchParams; info: Info
               checked={straggling}
               onChange={(e) => navigate(withQuery({ straggling: (e.target as HTMLInputElement).checked ? "1" : null }), true)}
             />
-            straggling only (S ≥ {fmt.STRAGGLING})
+            straggling only{info && ` (S ≥ ${info.straggling_threshold})`}
           </label>
         </form>
       </div>
@@ -130,52 +130,9 @@ export function JobsPage({ search, info }: { search: URLSearchParams; info: Info
               </tr>
             </thead>
             <tbody>
-              {rows.map((j) => {
-                const alertsOf = firing.get(j.job_id) ?? [];
-                return (
-                  <tr key={j.job_id} data-job={j.job_id}>
-                    <td class="job-id">
-                      <Link href={jobPath(j.job_id)}>{j.job_id}</Link>
-                      {j.attempts > 1 && (
-                        <span class="muted small" title="restarted under the same id: the row shows the newest attempt">
-                          {" "}
-                          attempt {j.attempt}
-                        </span>
-                      )}
-                    </td>
-                    <td>
-                      <StateBadge state={j.state} />
-                    </td>
-                    <td class="num">{j.world_size}</td>
-                    <td class="num">
-                      <SlowdownBadge value={j.slowdown} />
-                    </td>
-                    <td class="num">{fmt.percent(j.waste_fraction)}</td>
-                    <td class="num">
-                      {fmt.hours(j.gpu_hours_wasted)}
-                      {price > 0 && <div class="muted small">{fmt.money(j.gpu_hours_wasted * price)}</div>}
-                    </td>
-                    <td class="num">
-                      {fmt.hours(gpuHours(j))}
-                      {price > 0 && <div class="muted small">{fmt.money(gpuHours(j) * price)}</div>}
-                    </td>
-                    <td class="num">
-                      {alertsOf.length > 0 ? (
-                        <Link href={`/alerts?job=${encodeURIComponent(j.job_id)}`} class="badge firing" title={alertsOf.map((a) => a.summary).join("\n")}>
-                          {alertsOf.length} firing
-                        </Link>
-                      ) : (
-                        <span class="muted">–</span>
-                      )}
-                    </td>
-                    <td title={j.last_seen}>{fmt.ago(j.last_seen)}</td>
-                    <td class="num">
-                      {j.worst_rank !== null ? <Link href={`${jobPath(j.job_id)}/workers/${j.worst_rank}`}>{j.worst_rank}</Link> : "–"}
-                    </td>
-                    <td>{fmt.cause(j.leading_cause)}</td>
-                  </tr>
-                );
-              })}
+              {rows.map((j) => (
+                <JobRow key={j.job_id} j={j} firing={firing.get(j.job_id) ?? []} price={price} />
+              ))}
             </tbody>
           </table>
           <p class="muted small">

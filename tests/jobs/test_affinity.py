@@ -1,0 +1,99 @@
+"""Replicas divide the jobs: each job has one replica, the shares are even by weight, and a change
+of replicas moves few jobs (jobs/affinity.py); the live replicas are the membership locks
+PostgreSQL holds (store/replicas.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from sqlalchemy import create_engine
+
+from smon_server.jobs.affinity import SLACK, Work, assign
+from smon_server.store.replicas import Membership
+
+
+def fleet(n: int, seed: int = 1) -> list[Work]:
+    rng = random.Random(seed)
+    return [Work(f"job-{i:04d}#1", float(rng.choice([8, 16, 64, 64, 128, 1024]))) for i in range(n)]
+
+
+def loads(work: list[Work], owners: dict[str, int]) -> dict[int, float]:
+    weight = {w.name: w.weight for w in work}
+    out: dict[int, float] = {}
+    for name, r in owners.items():
+        out[r] = out.get(r, 0.0) + weight[name]
+    return out
+
+
+@pytest.mark.parametrize("replicas", [[11, 22], [11, 22, 33], [5, 6, 7, 8, 9]])
+def test_every_job_has_one_replica_and_the_shares_are_even(replicas: list[int]) -> None:
+    work = fleet(500)
+    owners = assign(work, replicas)
+    assert set(owners) == {w.name for w in work} and set(owners.values()) == set(replicas)
+    share = sum(w.weight for w in work) / len(replicas)
+    for r, load in loads(work, owners).items():
+        assert load <= (1 + SLACK) * share, (r, load, share)
+        assert load >= (1 - 2 * SLACK) * share, (r, load, share)
+
+
+def test_every_replica_computes_the_same_assignment_whatever_the_order() -> None:
+    work = fleet(200)
+    shuffled = list(work)
+    random.Random(3).shuffle(shuffled)
+    assert assign(work, [3, 1, 2]) == assign(shuffled, [1, 2, 3])
+
+
+def test_a_replica_that_leaves_hands_on_its_jobs_and_the_others_keep_theirs() -> None:
+    work = fleet(400)
+    before = assign(work, [1, 2, 3])
+    after = assign(work, [1, 3])
+    kept = [n for n, r in before.items() if r != 2]
+    moved = sum(after[n] != before[n] for n in kept)
+    assert all(after[n] in (1, 3) for n in before)
+    assert moved <= 0.15 * len(kept), f"{moved} of {len(kept)} jobs moved between surviving replicas"
+
+
+def test_a_replica_that_joins_takes_about_its_share() -> None:
+    work = fleet(400)
+    before = assign(work, [1, 2])
+    after = assign(work, [1, 2, 3])
+    moved = [n for n in before if after[n] != before[n]]
+    assert all(after[n] == 3 for n in moved) or len(moved) <= 0.45 * len(work)
+    assert 0.2 * len(work) <= sum(r == 3 for r in after.values()) <= 0.5 * len(work)
+
+
+def test_a_job_bigger_than_a_share_still_has_a_replica() -> None:
+    work = [Work("huge#1", 16384.0), Work("small#1", 8.0), Work("small#2", 8.0)]
+    owners = assign(work, [1, 2])
+    assert set(owners) == {"huge#1", "small#1", "small#2"}
+    assert assign(work, []) == {}
+    assert assign(work, [7]) == dict.fromkeys(owners, 7)
+
+
+@pytest.mark.postgres
+def test_live_replicas_are_the_membership_locks_postgres_holds(postgres_url: str) -> None:
+    engines = [create_engine(postgres_url) for _ in range(3)]
+    members = [Membership(e) for e in engines]
+    try:
+        first = members[0].live()
+        assert first == [members[0].key]
+        for m in members[1:]:
+            m.live()  # joins
+        everyone = sorted(m.key for m in members)
+        assert members[0].live() == everyone == members[2].live()
+        members[1].leave()  # a replica that exits: gone from the set at once
+        assert members[0].live() == sorted([members[0].key, members[2].key])
+        engines[2].dispose()  # its connection is checked out: the lock outlives a pool dispose
+        assert members[2].key in members[0].live()
+    finally:
+        for m in members:
+            m.leave()
+        for e in engines:
+            e.dispose()
+
+
+def test_the_embedded_database_has_one_replica(tmp_path: object) -> None:
+    engine = create_engine("sqlite://")
+    member = Membership(engine)
+    assert member.live() == [member.key]

@@ -1,0 +1,36 @@
+"""Stored rows as tests and benchmarks build and measure them, apart from the server: production
+packs spans from columns (store/codec.py `pack_span_columns`) and never sizes its own tables."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from smon_server.store import codec
+from smon_server.store.partitions import PARENT
+
+
+def pack_spans(spans: Sequence[codec.SpanTuple]) -> bytes:
+    """One record's spans, (kind code, start, duration, micro-batch, chunk) each, as stored."""
+    out = np.empty(len(spans), dtype=codec.SPAN)
+    if spans:
+        kind, start, duration, microbatch, chunk = zip(*spans, strict=True)
+        out["kind"], out["start"], out["duration"] = kind, start, duration
+        out["microbatch"], out["chunk"] = microbatch, chunk
+    return out.tobytes()
+
+
+def stored_bytes(session: Session) -> int:
+    """Bytes on disk of step_records, every partition with its indexes (PostgreSQL)."""
+    total = session.execute(
+        text(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent "
+            "WHERE p.relname = :parent"
+        ),
+        {"parent": PARENT},
+    ).scalar()
+    return int(total or 0)
