@@ -14,6 +14,7 @@ import pytest
 from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.jobs import analysis, window_cache
+from smon_server.jobs import window_ops as window_ops_module
 from smon_server.jobs.window_cache import WindowCache
 from smon_server.jobs.window_ops import WindowOps, window_ops
 from smon_server.settings import Settings
@@ -327,3 +328,52 @@ def test_a_cold_build_chunks_the_steps_that_exist(db: Database, monkeypatch: pyt
     assert len(reads) == math.ceil(61 / 8)  # 60 window steps and the one before them
     summary = results[0]["summary"]
     assert (summary["from_step"], summary["to_step"]) == (numbers[10], numbers[69])
+
+
+def test_each_chunk_is_read_once_and_converted_once(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window goes one way: a cold pass reads each chunk once and converts it once (on
+    PostgreSQL the next chunk is read while one is converted), and the next pass reads and
+    converts the new steps once (store/window_reader.py, then whatif/inputs/step_table.py)."""
+    settings: Settings = server_settings(db.url, analysis_window_steps=60, warmup_steps=3)
+    monkeypatch.setattr(window_cache, "_cache", WindowCache(64 << 20))
+    monkeypatch.setattr(window_reader, "COLD_CHUNK_STEPS", 8)
+    monkeypatch.setattr(window_reader, "WHOLE_READ_RECORDS", 0)  # chunked however small
+    calls: list[str] = []
+    real_read, real_convert = window_reader.read_window, window_ops_module.convert
+
+    def read(**kwargs: Any) -> Any:
+        calls.append(f"read {kwargs['from_step']}..{kwargs['to_step']}")
+        return real_read(**kwargs)
+
+    def convert(*args: Any, **kwargs: Any) -> Any:
+        calls.append("convert")
+        return real_convert(*args, **kwargs)
+
+    monkeypatch.setattr(window_reader, "read_window", read)
+    monkeypatch.setattr(window_ops_module, "convert", convert)
+    job_id = f.new_job_id("oneway")
+    records, origin = _steps(0, 70, f.T0)
+    write_batches(
+        db,
+        [validate_batch(f.batch(job_id, r, RANKS, steps=records[r]), Limits()) for r in range(RANKS)],
+        now=origin,
+    )
+    with db.session() as session:
+        job = session.get(Job, (job_id, 1))
+        assert job is not None
+        analysis.analyze_job(session=session, job=job, settings=settings, now=origin)
+    chunks = math.ceil(61 / 8)  # 60 window steps and the one before
+    reads = [c for c in calls if c.startswith("read")]
+    assert len(reads) == len(set(reads)) == calls.count("convert") == chunks
+    calls.clear()
+    more, origin = _steps(70, 5, origin)
+    write_batches(
+        db,
+        [validate_batch(f.batch(job_id, r, RANKS, seq=2, steps=more[r]), Limits()) for r in range(RANKS)],
+        now=origin,
+    )
+    with db.session() as session:
+        job = session.get(Job, (job_id, 1))
+        assert job is not None
+        analysis.analyze_job(session=session, job=job, settings=settings, now=origin)
+    assert calls == ["read 69..74", "convert"]  # from the newest kept step on
