@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
 from smon_server.alerts.notifiers import Notifier, configured
 from smon_server.alerts.rules import Rule, load_rules
-from smon_server.jobs.workers import AnalysisWorkers, default_processes
+from smon_server.jobs.processes import default_processes
+from smon_server.jobs.windows import WindowAnalyses
+from smon_server.jobs.workers import AnalysisWorkers
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.metrics.jobs_collector import JobsCollector
 from smon_server.settings import Settings
@@ -35,6 +38,8 @@ class ServerContext:
     hosts_touched: set[str] = field(default_factory=set, init=False)
     hosts_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     hosts_refreshed_at: float = field(default=0.0, init=False)
+    # Analyses of step windows the pass has not stored, asked for through the API (jobs/windows.py).
+    windows: WindowAnalyses = field(init=False)
     # The gRPC port agents reach, once bound (settings may say 0: a free one).
     grpc_port: int = field(default=0, init=False)
     # The analyses' thresholds of S (DESIGN §5): a job is straggling at `straggling_threshold`, its
@@ -42,6 +47,9 @@ class ServerContext:
     # here, so it never reaches into the engine for them.
     straggling_threshold: float = WhatIfConfig().straggling_threshold
     attribution_threshold: float = WhatIfConfig().attribution_threshold
+    # Wakes the analysis loop for a pass now, from any thread (runtime.serve binds it); unbound
+    # (tests that run passes themselves), asking does nothing.
+    wake_loop: Callable[[], None] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.alert_rules = load_rules(self.settings.alert_rules)  # a bad file fails at start
@@ -51,8 +59,16 @@ class ServerContext:
         processes = default_processes(self.settings)
         if processes:
             self.workers = AnalysisWorkers(self.settings, processes)
+        self.windows = WindowAnalyses(self.settings, self.db, self.workers)
+
+    def request_pass(self) -> None:
+        """Ask the analysis loop for a pass soon (a job's stored analysis is of a state it has
+        left: the API serves it as stored and the pass stores the new one)."""
+        if self.wake_loop is not None:
+            self.wake_loop()
 
     def close(self) -> None:
+        self.windows.close()
         if self.workers is not None:
             self.workers.close()
         self.db.dispose()

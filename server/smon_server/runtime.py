@@ -59,6 +59,14 @@ async def serve(
         await asyncio.to_thread(migrate.upgrade, context.db)
 
     wake = asyncio.Event()
+    running = asyncio.get_running_loop()
+
+    def wake_loop() -> None:
+        """wake.set from an API request's thread (a closed loop: the server is stopping)."""
+        with contextlib.suppress(RuntimeError):
+            running.call_soon_threadsafe(wake.set)
+
+    context.wake_loop = wake_loop
     committer = GroupCommitter(
         context.db,
         max_group_records=settings.ingest_group_records,

@@ -61,6 +61,10 @@ class Settings(BaseSettings):
     # and builds only the new steps (jobs/window_cache.py); unset: a quarter of the machine's
     # memory shared by the analysing processes; 0 turns it off.
     analysis_cache_mb: Annotated[int | None, Field(ge=0)] = None
+    # Seconds an API request waits for the analysis of a step window the pass has not stored
+    # (`?from_step=`, `?to_step=`, `?window=`; jobs/windows.py) before it is answered 504; the
+    # analysis goes on and is kept, so asking again gets it.
+    window_analysis_timeout: Annotated[float, Field(gt=0)] = 30.0
     stall_seconds: Annotated[float, Field(gt=0)] = 120.0
     gpu_hour_price: Annotated[float, Field(ge=0)] = 0.0
     # The first steps after a start or restart (allocator, lazy init, DDP bucket rebuild) are

@@ -132,7 +132,11 @@ def test_heatmap_float32_cells_are_the_json_cells(server: BackgroundServer, metr
 
 
 def test_heatmap_encoding_is_checked(server: BackgroundServer) -> None:
-    response = httpx.get(f"{server.http_url}/api/v1/jobs/x/heatmap", params={"encoding": "png"})
+    # A job that exists: the job is resolved (JobDep) before the route's own parameters are
+    # checked, so an unknown job is a 404 whatever it is asked with.
+    job_id = f.new_job_id("encoding")
+    push_job(server, job_id)
+    response = httpx.get(f"{server.http_url}/api/v1/jobs/{job_id}/heatmap", params={"encoding": "png"})
     assert response.status_code == 422
 
 

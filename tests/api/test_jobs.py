@@ -233,7 +233,14 @@ def test_final_batches_finish_the_job(client: httpx.Client, server: BackgroundSe
         stub = pb_grpc.IngestStub(channel)
         for rank in range(WORLD):
             stub.Push(f.batch(job, rank, WORLD, seq=2, final=True))
-    jobs = {j["job_id"]: j for j in client.get("/api/v1/jobs").json()["jobs"]}
+    # The last final batch wakes the analysis loop, whose pass stores the finished job's analysis
+    # (requests only read: a job is shown in the state its stored numbers were computed in).
+    deadline = time.monotonic() + 10
+    while True:
+        jobs = {j["job_id"]: j for j in client.get("/api/v1/jobs").json()["jobs"]}
+        if jobs[job]["state"] == "finished" or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert jobs[job]["state"] == "finished"
 
 

@@ -118,7 +118,7 @@ def test_a_worker_that_died_is_tried_again_once() -> None:
     from concurrent.futures.process import BrokenProcessPool
 
     from smon_server.jobs import failures
-    from smon_server.jobs.workers import WORKER_DIED, WORKER_DIED_AGAIN
+    from smon_server.jobs.processes import WORKER_DIED, WORKER_DIED_AGAIN
 
     assert failures.describe(BrokenProcessPool("gone")) == WORKER_DIED
     assert failures.describe(BrokenProcessPool("gone"), WORKER_DIED) == WORKER_DIED_AGAIN

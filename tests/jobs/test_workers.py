@@ -21,6 +21,7 @@ from smon_server.jobs.loop import analysis_pass
 from smon_server.store import migrate
 from smon_server.store.db import Database
 from smon_server.store.models import AnalysisResult, Job
+from smon_server.store.queries import StepWindow
 from smon_server.store.writes import write_batches
 from tests.support import factories as f
 from tests.support.server_process import free_port, start_server
@@ -75,6 +76,24 @@ def test_a_worker_process_stores_what_the_server_process_would(context: ServerCo
         assert row == here["summary"]
         assert [s["rank"] for s in row["stragglers"]] == [2]
         assert row["slowdown"] > 1.2
+
+
+def test_an_asked_for_window_is_analysed_in_a_worker_process_as_in_the_server_process(
+    context: ServerContext,
+) -> None:
+    """jobs/windows.py hands a window the pass has not stored to a process of its own."""
+    push(context.db, "zoom", range(60))
+    window = StepWindow(from_step=20, to_step=45)
+    with context.db.session() as session:
+        job = session.scalars(select(Job).where(Job.job_id == "zoom")).one()
+        there = context.windows.analyse(session, job, window)
+        assert context.windows.analyse(session, job, window) is not None  # kept: served from memory
+        here = job_analysis.analyze_job(
+            session=session, job=job, settings=context.settings, now=time.time(), window=window
+        )
+    assert context.workers is not None and context.workers._windows is not None  # ran over there
+    assert there["summary"] == here["summary"] and there["steps"] == here["steps"]
+    assert (there["summary"]["from_step"], there["summary"]["to_step"]) == (20, 45)
 
 
 def test_a_dead_worker_fails_one_pass_and_the_next_pass_recovers(context: ServerContext) -> None:

@@ -97,6 +97,8 @@ export interface paths {
         /**
          * List Jobs
          * @description Newest first. Filtered, counted and paged in the database; no job's analysis is decoded.
+         *     A job shows the state its stored numbers were computed in; one that has left it since wakes
+         *     the loop, which stores the new state's analysis at once.
          */
         get: operations["list_jobs_api_v1_jobs_get"];
         put?: never;
@@ -2002,8 +2004,8 @@ export interface operations {
             };
             header?: never;
             path: {
-                job_id: string;
                 rank: number;
+                job_id: string;
             };
             cookie?: never;
         };

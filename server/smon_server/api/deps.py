@@ -4,25 +4,60 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Iterator
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, HTTPException, Path, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session
 
-from smon_server.context import ServerContext
+from smon_server.alerts.notifiers import Notifier
 from smon_server.settings import Settings
+from smon_server.store import queries
+from smon_server.store.db import Database
+from smon_server.store.models import Job
 from smon_server.store.queries import StepWindow
 
 _bearer = HTTPBearer(auto_error=False)
 
 
-def get_context(request: Request) -> ServerContext:
-    context: ServerContext = request.app.state.context
+class WindowAnalyser(Protocol):
+    """Analyses a step window the pass has not stored (jobs/windows.py WindowAnalyses), so the
+    API's modules need not import the analysis to name its type."""
+
+    def analyse(self, session: Session, job: Job, window: StepWindow) -> dict[str, Any]: ...
+
+
+class ApiContext(Protocol):
+    """What the API reads of the server process it serves (context.py's ServerContext is one):
+    the composition root hands it to create_app, the API does not import the root."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def db(self) -> Database: ...
+    @property
+    def registry(self) -> CollectorRegistry: ...
+    @property
+    def notifiers(self) -> list[Notifier]: ...
+    @property
+    def grpc_port(self) -> int: ...
+    @property
+    def windows(self) -> WindowAnalyser: ...
+    @property
+    def straggling_threshold(self) -> float: ...
+    @property
+    def attribution_threshold(self) -> float: ...
+    def request_pass(self) -> None: ...
+
+
+def get_context(request: Request) -> ApiContext:
+    context: ApiContext = request.app.state.context
     return context
 
 
-ContextDep = Annotated[ServerContext, Depends(get_context)]
+ContextDep = Annotated[ApiContext, Depends(get_context)]
 
 
 def get_settings(context: ContextDep) -> Settings:
@@ -79,3 +114,31 @@ def get_step_window(
 
 
 WindowDep = Annotated[StepWindow, Depends(get_step_window)]
+
+
+@dataclass(frozen=True)
+class JobAttempt:
+    """The job attempt a route shows, and how many the job has (every job response says both)."""
+
+    job: Job
+    attempts: int
+
+    @property
+    def which(self) -> dict[str, int]:
+        """`attempt` and `attempts` of a response."""
+        return {"attempt": self.job.attempt, "attempts": self.attempts}
+
+
+def get_job(job_id: str, db: DbDep, attempt: AttemptDep = None) -> JobAttempt:
+    """The job's attempt `?attempt=`, or its newest (then its attempt number is the count), or 404."""
+    job = queries.get_job(session=db, job_id=job_id, attempt=attempt)
+    if job is None:
+        if attempt is not None and queries.get_job(session=db, job_id=job_id) is not None:
+            raise HTTPException(status_code=404, detail=f"job {job_id!r} has no attempt {attempt}")
+        raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+    count = job.attempt if attempt is None else queries.attempt_count(session=db, job_id=job.job_id)
+    return JobAttempt(job=job, attempts=count)
+
+
+# A job route's job (path `{job_id:path}`, query `?attempt=`), resolved once.
+JobDep = Annotated[JobAttempt, Depends(get_job)]

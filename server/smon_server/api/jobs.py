@@ -2,7 +2,17 @@
 
 A job id may have several attempts (restarts under the same id, store/attempts.py): every job
 route shows the newest unless `?attempt=N` asks for another, and says which (`attempt`, of
-`attempts`)."""
+`attempts`); the job is resolved once per request (deps.JobDep).
+
+Routes only read. The analysis pass (jobs/loop.py) analyses and stores each job's default window;
+routes serve what it stored. A job whose state changed since its stored analysis (finished or
+stalled since) is served as stored, in the state the numbers were computed in, and the loop is
+woken to store the new one at once (docs/server.md "Reads"). Another step window is analysed by
+jobs/windows.py in the analysis workers, bounded, cached and timed. The routes are sync functions,
+run in FastAPI's threadpool: their database reads are synchronous SQLAlchemy, and a window's
+analysis is a concurrent.futures.Future the thread waits on (at most SMON_WINDOW_ANALYSIS_TIMEOUT
+seconds; at most windows.IN_FLIGHT analyses run at once, the next is a 503), so the event loop is
+never blocked and an async route would only have moved the same reads onto threads itself."""
 
 from __future__ import annotations
 
@@ -12,14 +22,16 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from fastapi import APIRouter, HTTPException, Path, Query, Response
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from smon_server.api.deps import (
     MAX_RANK,
     MAX_STEP,
+    ApiContext,
     ApiTokenDep,
-    AttemptDep,
     ContextDep,
     DbDep,
+    JobDep,
     SettingsDep,
     WindowDep,
 )
@@ -43,36 +55,16 @@ from smon_server.api.schemas import (
     WorkerStepOut,
     utc,
 )
-from smon_server.jobs import analysis as job_analysis
-from smon_server.jobs import failures, loop, phase_heatmap, refresh, trend
+from smon_server.jobs import phase_heatmap, refresh, trend, windows
 from smon_server.jobs.liveness import JobState, job_state
 from smon_server.settings import Settings
 from smon_server.store import grids, queries
-from smon_server.store.db import DATABASE_UNAVAILABLE
 from smon_server.store.models import AnalysisResult, Job
 from smon_server.store.queries import StepWindow
 from smon_server.store.step_window import read_window
 from smon_server.views import heatmap as heatmaps
-from smon_server.whatif.config import WhatIfConfig
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
-STRAGGLING = WhatIfConfig().straggling_threshold
-
-
-def _job_or_404(db: DbDep, job_id: str, attempt: int | None = None) -> Job:
-    """The job's attempt `attempt`, or its newest."""
-    job = queries.get_job(session=db, job_id=job_id, attempt=attempt)
-    if job is None:
-        if attempt is not None and queries.get_job(session=db, job_id=job_id) is not None:
-            raise HTTPException(status_code=404, detail=f"job {job_id!r} has no attempt {attempt}")
-        raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
-    return job
-
-
-def _which(db: DbDep, job: Job, asked: int | None) -> dict[str, int]:
-    """`attempt` and `attempts` of a response: the newest attempt (nothing asked) is the count."""
-    count = job.attempt if asked is None else queries.attempt_count(session=db, job_id=job.job_id)
-    return {"attempt": job.attempt, "attempts": count}
 
 
 @router.get("/jobs", response_model=JobsOut)
@@ -87,30 +79,26 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=MAX_STEP)] = 0,
 ) -> JobsOut:
-    """Newest first. Filtered, counted and paged in the database; no job's analysis is decoded."""
-    now = time.time()
+    """Newest first. Filtered, counted and paged in the database; no job's analysis is decoded.
+    A job shows the state its stored numbers were computed in; one that has left it since wakes
+    the loop, which stores the new state's analysis at once."""
     page, total = queries.job_page(
         session=db,
-        now=now,
+        now=time.time(),
         stall_seconds=context.settings.stall_seconds,
         state=state.value if state is not None else None,
-        slowdown_at_least=STRAGGLING if straggling is True else None,
-        slowdown_below=STRAGGLING if straggling is False else None,
+        slowdown_at_least=context.straggling_threshold if straggling is True else None,
+        slowdown_below=context.straggling_threshold if straggling is False else None,
         contains=q,
         job_id=job_id,
         limit=limit,
         offset=offset,
     )
+    if any(row.result is not None and row.result.state != row.live_state for row in page):
+        context.request_pass()
     out = []
     for row in page:
         job, result = row.job, row.result
-        if result is not None and result.state != row.live_state:
-            # Finished or stalled since its last analysis: analyse it now, so the state is never
-            # shown next to numbers of another one (or another replica / the loop did it while
-            # we waited for the lease: re-read anyway).
-            loop.analyse_one(context, job.job_id, now, attempt=job.attempt, state_change_only=True)
-            db.rollback()  # end the read snapshot: see the result just stored
-            result = queries.result_of(session=db, job=job)
         out.append(
             JobOut(
                 job_id=job.job_id,
@@ -134,51 +122,49 @@ def list_jobs(
     return JobsOut(jobs=out, total=total, limit=limit, offset=offset)
 
 
-def _analysis(db: DbDep, context: ContextDep, job: Job, window: StepWindow, *parts: str) -> dict[str, Any]:
-    """The stored analysis's `parts` (brought up to date first if the job changed state since), or
-    a fresh analysis when the caller asks for another window. `state` is the one it was computed
-    in. Only the columns asked for are read: a summary never loads the heatmap."""
-    now = time.time()
+def _analysis(db: Session, context: ApiContext, job: Job, window: StepWindow, *parts: str) -> dict[str, Any]:
+    """The stored analysis's `parts` for the default window, or an analysis of another window
+    (or of a job the pass has not analysed yet) from jobs/windows.py. `state` is the one the
+    numbers were computed in: a job that left it since wakes the loop and is served as stored.
+    Only the columns asked for are read: a summary never loads the heatmap."""
     if window.is_default:
-        loop.analyse_one(context, job.job_id, now, attempt=job.attempt, state_change_only=True)
-        db.rollback()  # end the read snapshot: see the result just stored
         stored = queries.result_parts(session=db, job_id=job.job_id, attempt=job.attempt, parts=parts)
         if stored is not None:
+            now = time.time()
+            live = refresh.current_state(
+                session=db, job=job, stall_seconds=context.settings.stall_seconds, now=now
+            )
+            if stored["state"] != live.value:
+                context.request_pass()
             if "heatmap" in stored:
                 stored["heatmap"] = grids.unpack(stored["heatmap"])
             return stored
+        context.request_pass()  # not analysed yet: the pass does so now; this request meanwhile
     try:
-        fresh = job_analysis.analyze_job(
-            session=db, job=job, settings=context.settings, now=now, window=window
-        )
-    except DATABASE_UNAVAILABLE:
-        raise
-    except Exception as exc:  # this job's data broke its analysis: say so, as the stored one does
-        db.rollback()
-        state = refresh.current_state(
-            session=db, job=job, stall_seconds=context.settings.stall_seconds, now=now
-        )
-        return failures.failed_result(job, state.value, exc)
-    fresh["heatmap"] = fresh["rank_slowdown"]
-    return fresh
+        return dict(context.windows.analyse(db, job, window))
+    except windows.Busy as exc:
+        raise HTTPException(status_code=503, detail=str(exc), headers={"Retry-After": "5"}) from None
+    except windows.TimedOut as exc:
+        raise HTTPException(status_code=504, detail=str(exc), headers={"Retry-After": "10"}) from None
+    except windows.Gone:
+        raise HTTPException(status_code=404, detail=f"no job {job.job_id!r}") from None
 
 
 @router.get("/jobs/{job_id:path}/summary", response_model=SummaryOut)
 def summary(
-    job_id: str,
+    resolved: JobDep,
     db: DbDep,
     settings: SettingsDep,
     context: ContextDep,
     _auth: ApiTokenDep,
     window: WindowDep,
-    attempt: AttemptDep = None,
 ) -> SummaryOut:
-    job = _job_or_404(db, job_id, attempt)
+    job = resolved.job
     result = _analysis(db, context, job, window, "summary")
     body = dict(result["summary"] or {})
     body.update(
         job_id=job.job_id,
-        **_which(db, job, attempt),
+        **resolved.which,
         state=result["state"],
         world_size=job.world_size,
         # The job's running total; another window reports its own figure.
@@ -229,34 +215,25 @@ def _notes(job: Job, settings: Settings, quality: dict[str, Any]) -> list[DataQu
 
 @router.get("/jobs/{job_id:path}/steps", response_model=StepsOut)
 def steps(
-    job_id: str,
-    db: DbDep,
-    settings: SettingsDep,
-    context: ContextDep,
-    _auth: ApiTokenDep,
-    window: WindowDep,
-    attempt: AttemptDep = None,
+    resolved: JobDep, db: DbDep, context: ContextDep, _auth: ApiTokenDep, window: WindowDep
 ) -> StepsOut:
-    job = _job_or_404(db, job_id, attempt)
+    job = resolved.job
     result = _analysis(db, context, job, window, "steps")
-    return StepsOut(
-        job_id=job_id, **_which(db, job, attempt), steps=[StepOut(**s) for s in result["steps"] or []]
-    )
+    return StepsOut(job_id=job.job_id, **resolved.which, steps=[StepOut(**s) for s in result["steps"] or []])
 
 
 @router.get("/jobs/{job_id:path}/trend", response_model=TrendOut)
 def job_trend(
-    job_id: str,
+    resolved: JobDep,
     db: DbDep,
     _auth: ApiTokenDep,
     from_step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
     to_step: Annotated[int | None, Query(ge=0, le=MAX_STEP)] = None,
     max_points: Annotated[int, Query(ge=1, le=5000)] = 500,
-    attempt: AttemptDep = None,
 ) -> TrendOut:
     """The job attempt's whole history (beyond the analysis window, after its raw steps are
     dropped), in buckets of steps merged to at most `max_points` points."""
-    job = _job_or_404(db, job_id, attempt)
+    job = resolved.job
     points = trend.read(
         db, job.job_id, attempt=job.attempt, from_step=from_step, to_step=to_step, max_points=max_points
     )
@@ -265,7 +242,7 @@ def job_trend(
         p["end_time"] = utc(p["end_time"]) if p["end_time"] is not None else None
     return TrendOut(
         job_id=job.job_id,
-        **_which(db, job, attempt),
+        **resolved.which,
         bucket_steps=trend.BUCKET_STEPS,
         points=[TrendPoint(**p) for p in points],
     )
@@ -273,7 +250,7 @@ def job_trend(
 
 @router.get("/jobs/{job_id:path}/heatmap", response_model=HeatmapOut)
 def heatmap(
-    job_id: str,
+    resolved: JobDep,
     db: DbDep,
     settings: SettingsDep,
     context: ContextDep,
@@ -290,12 +267,11 @@ def heatmap(
         Literal["json", "f32"],
         Query(description="f32: cells as base64 float32 in `values_f32` (NaN: none), `values` empty"),
     ] = "json",
-    attempt: AttemptDep = None,
 ) -> Response:
     """Every metric is read in the shape it is stored: the slowdown grid from the stored analysis,
     a phase's from the per-step columns the analysis pass stores (store/phase_grids.py), only
     the zoomed ranks' bytes. The body is written with array operations (views/heatmap.py)."""
-    job = _job_or_404(db, job_id, attempt)
+    job = resolved.job
     if metric == "slowdown":
         grid = None
         if window.last is None:
@@ -322,12 +298,12 @@ def heatmap(
     )
     body = heatmaps.response_json(
         grid,
-        job_id=job_id,
+        job_id=job.job_id,
         metric=metric,
         max_ranks=max_ranks,
         max_steps=max_steps,
         encoding=encoding,
-        **_which(db, job, attempt),
+        **resolved.which,
     )
     return Response(content=body, media_type="application/json")
 
@@ -342,18 +318,12 @@ def _covers(grid: grids.Grid | None, window: StepWindow) -> bool:
 
 @router.get("/jobs/{job_id:path}/workers", response_model=WorkersOut)
 def workers(
-    job_id: str,
-    db: DbDep,
-    settings: SettingsDep,
-    context: ContextDep,
-    _auth: ApiTokenDep,
-    window: WindowDep,
-    attempt: AttemptDep = None,
+    resolved: JobDep, db: DbDep, context: ContextDep, _auth: ApiTokenDep, window: WindowDep
 ) -> WorkersOut:
-    job = _job_or_404(db, job_id, attempt)
+    job = resolved.job
     result = _analysis(db, context, job, window, "workers")
     grid = result["workers"] or {"dp_ranks": [], "stages": [], "values": []}
-    return WorkersOut.model_validate({"job_id": job_id, **_which(db, job, attempt), **grid})
+    return WorkersOut.model_validate({"job_id": job.job_id, **resolved.which, **grid})
 
 
 @router.get("/jobs/{job_id:path}/attempts", response_model=AttemptsOut)
@@ -390,13 +360,13 @@ def job_attempts(job_id: str, db: DbDep, settings: SettingsDep, _auth: ApiTokenD
 
 
 @router.get("/jobs/{job_id:path}/ranks", response_model=RanksOut)
-def ranks(job_id: str, db: DbDep, _auth: ApiTokenDep, attempt: AttemptDep = None) -> RanksOut:
+def ranks(resolved: JobDep, db: DbDep, _auth: ApiTokenDep) -> RanksOut:
     """Where each rank runs (its newest agent: a restarted rank reports under a new one), so a
     view can group ranks by host."""
-    job = _job_or_404(db, job_id, attempt)
+    job = resolved.job
     return RanksOut(
-        job_id=job_id,
-        **_which(db, job, attempt),
+        job_id=job.job_id,
+        **resolved.which,
         ranks=[
             RankOut(
                 rank=a.rank,
@@ -414,19 +384,18 @@ def ranks(job_id: str, db: DbDep, _auth: ApiTokenDep, attempt: AttemptDep = None
 
 @router.get("/jobs/{job_id:path}/workers/{rank}", response_model=WorkerOut)
 def worker(
-    job_id: str,
+    resolved: JobDep,
     rank: Annotated[int, Path(ge=0, le=MAX_RANK)],
     db: DbDep,
     settings: SettingsDep,
     context: ContextDep,
     _auth: ApiTokenDep,
     window: WindowDep,
-    attempt: AttemptDep = None,
 ) -> WorkerOut:
-    job = _job_or_404(db, job_id, attempt)
+    job = resolved.job
     agent = next((a for a in queries.job_agents(session=db, job=job) if a.rank == rank), None)
     if agent is None:
-        raise HTTPException(status_code=404, detail=f"job {job_id!r} has no rank {rank}")
+        raise HTTPException(status_code=404, detail=f"job {job.job_id!r} has no rank {rank}")
     result = _analysis(db, context, job, window, "heatmap", "rank_overall")
     grid = result["heatmap"]
     per_step: dict[int, float | None] = {}
@@ -449,10 +418,12 @@ def worker(
             "phase_since": agent.hb_phase_since,
         }
     since, until = queries.attempt_span(session=db, job=job)
-    samples = queries.gpu_samples(session=db, job_id=job_id, rank=rank, since=since, until=until, limit=1000)
+    samples = queries.gpu_samples(
+        session=db, job_id=job.job_id, rank=rank, since=since, until=until, limit=1000
+    )
     return WorkerOut(
-        job_id=job_id,
-        **_which(db, job, attempt),
+        job_id=job.job_id,
+        **resolved.which,
         rank=rank,
         host=agent.host,
         dp_rank=agent.dp_rank,

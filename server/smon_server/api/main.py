@@ -12,18 +12,25 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from smon_server import __version__, dashboard
 from smon_server.api import alerts, health, hosts, info, jobs, metrics
-from smon_server.api.deps import require_api_token
-from smon_server.context import ServerContext
+from smon_server.api.deps import ApiContext, require_api_token
 from smon_server.store.db import DATABASE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
 
-def create_app(context: ServerContext) -> FastAPI:
+def create_app(context: ApiContext) -> FastAPI:
+    """The app serving `context`'s server (the composition root hands it in)."""
+    app = build_app(protected=bool(context.settings.api_token))
+    app.state.context = context
+    return app
+
+
+def build_app(*, protected: bool) -> FastAPI:
+    """Routes, models and middleware, with no server behind them yet: what the OpenAPI schema is
+    made of (api/openapi.py needs no database or workers to print it)."""
     # With an API token the schema sits behind it too, and the interactive docs are off: a browser
     # cannot send the bearer token when it opens /docs (use the schema with a client, or put SMon
     # behind an auth proxy and leave the token unset).
-    protected = bool(context.settings.api_token)
     app = FastAPI(
         title="SMon",
         version=__version__,
@@ -32,7 +39,6 @@ def create_app(context: ServerContext) -> FastAPI:
         docs_url=None if protected else "/docs",
         redoc_url=None if protected else "/redoc",
     )
-    app.state.context = context
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(info.router)
@@ -80,7 +86,7 @@ class RejectNul:
 async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
     """503 with Retry-After, not 500: the request is fine, the database is away for now. The
     outage is logged once, with a count of the requests it turned away (store/availability.py)."""
-    context: ServerContext = request.app.state.context
+    context: ApiContext = request.app.state.context
     context.db.availability.failed(exc, "API requests answered 503")
     return JSONResponse(
         status_code=503, content={"detail": "database unavailable; retry later"}, headers={"Retry-After": "5"}

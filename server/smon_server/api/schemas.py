@@ -13,10 +13,15 @@ def utc(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC)
 
 
-class JobOut(BaseModel):
+class JobAttemptOut(BaseModel):
+    """What every job response starts with: which job, which of its attempts, of how many."""
+
     job_id: str
     attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
     attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
+
+
+class JobOut(JobAttemptOut):
     state: str = Field(description="running, stalled (alive, no step ends) or finished")
     world_size: int
     last_step: int | None
@@ -79,10 +84,7 @@ class DataQualityNote(BaseModel):
     message: str = Field(description="what it means, and what to do about it")
 
 
-class SummaryOut(BaseModel):
-    job_id: str
-    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
-    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
+class SummaryOut(JobAttemptOut):
     state: str
     world_size: int
     steps_seen: int
@@ -130,10 +132,7 @@ class StepOut(BaseModel):
     slowdown: float
 
 
-class StepsOut(BaseModel):
-    job_id: str
-    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
-    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
+class StepsOut(JobAttemptOut):
     steps: list[StepOut]
 
 
@@ -150,18 +149,12 @@ class TrendPoint(BaseModel):
     leading_cause: str
 
 
-class TrendOut(BaseModel):
-    job_id: str
-    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
-    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
+class TrendOut(JobAttemptOut):
     bucket_steps: int = Field(description="steps per stored bucket; points merge neighbouring buckets")
     points: list[TrendPoint]
 
 
-class HeatmapOut(BaseModel):
-    job_id: str
-    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
-    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
+class HeatmapOut(JobAttemptOut):
     metric: str
     ranks: list[int]
     steps: list[int]
@@ -174,10 +167,7 @@ class HeatmapOut(BaseModel):
     )
 
 
-class WorkersOut(BaseModel):
-    job_id: str
-    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
-    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
+class WorkersOut(JobAttemptOut):
     dp_ranks: list[int]
     stages: list[int]
     values: list[list[float | None]] = Field(description="S_w: values[i][j] for dp_ranks[i], stages[j]")
@@ -193,10 +183,7 @@ class RankOut(BaseModel):
     gpu_uuid: str
 
 
-class RanksOut(BaseModel):
-    job_id: str
-    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
-    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
+class RanksOut(JobAttemptOut):
     ranks: list[RankOut]
 
 
@@ -244,10 +231,7 @@ class WorkerStepOut(BaseModel):
     slowdown: float | None
 
 
-class WorkerOut(BaseModel):
-    job_id: str
-    attempt: int = Field(1, description="which attempt of the job this shows (1: its first run)")
-    attempts: int = Field(1, description="how many attempts the job has (restarts under the same id)")
+class WorkerOut(JobAttemptOut):
     rank: int
     host: str
     dp_rank: int

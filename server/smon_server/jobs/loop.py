@@ -13,29 +13,47 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from smon_server.alerts import engine as alert_engine
 from smon_server.alerts import outbox
-from smon_server.context import ServerContext
+from smon_server.alerts.notifiers import Notifier
+from smon_server.alerts.rules import Rule
 from smon_server.hosts import fleet
 from smon_server.hosts import record as host_record
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import failures, refresh, stored_result, trend, waste
-from smon_server.jobs.workers import is_big
+from smon_server.jobs.workers import AnalysisWorkers, is_big
+from smon_server.settings import Settings
 from smon_server.store import attempts, ledger, partitions, phase_grids, queries
-from smon_server.store.db import DATABASE_UNAVAILABLE
+from smon_server.store.db import DATABASE_UNAVAILABLE, Database
 from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AnalysisResult, Job
 
 log = logging.getLogger(__name__)
 
 
-async def analysis_loop(
-    context: ServerContext, stop: asyncio.Event, wake: asyncio.Event | None = None
-) -> None:
+class LoopContext(Protocol):
+    """What the loop needs of the server process it runs in (context.py's ServerContext is one):
+    the composition root hands it in, the loop does not import the root."""
+
+    settings: Settings
+    db: Database
+    workers: AnalysisWorkers | None
+    alert_rules: tuple[Rule, ...]
+    notifiers: list[Notifier]
+    # The loop's own bookkeeping, kept by the process: when it last maintained storage, and the
+    # hosts its analyses touched since it last refreshed host figures (refresh_hosts).
+    storage_maintained_at: float
+    hosts_touched: set[str]
+    hosts_lock: threading.Lock
+    hosts_refreshed_at: float
+
+
+async def analysis_loop(context: LoopContext, stop: asyncio.Event, wake: asyncio.Event | None = None) -> None:
     """A pass every interval, and at once when `wake` is set (an agent sent its final batch: a
     finished job must not be served with the analysis of a running one)."""
     interval = context.settings.analysis_interval
@@ -67,7 +85,7 @@ def pause_after(interval: float, took: float) -> float:
     return max(0.0, interval - took)
 
 
-def analysis_pass(context: ServerContext, now: float) -> int:
+def analysis_pass(context: LoopContext, now: float) -> int:
     """Analyse every job with news since its last result, then evaluate the alert rules over the
     stored results; returns how many jobs were analysed."""
     if now - context.storage_maintained_at >= STORAGE_MAINTENANCE_SECONDS:
@@ -147,7 +165,7 @@ STORAGE_MAINTENANCE_SECONDS = 3600.0
 STORAGE_LEASE = "smon/storage-maintenance"
 
 
-def maintain_storage(context: ServerContext, now: float) -> None:
+def maintain_storage(context: LoopContext, now: float) -> None:
     """Day partitions made two days ahead and step records past SMON_RETENTION_DAYS removed, by
     one replica at a time. Stored analyses are kept: a finished job's summary and trend outlive
     its raw steps (the loop does not re-analyse a job without new steps)."""
@@ -191,23 +209,22 @@ _local_leases_guard = threading.Lock()
 
 
 def _local_lease(name: str) -> threading.Lock:
-    """Serialises the loop and API requests on one job attempt within this process (SQLite has no
-    advisory locks; on PostgreSQL the database lease also covers other replicas)."""
+    """Serialises passes on one job attempt within this process (a pass a test runs beside the
+    loop's; SQLite has no advisory locks; on PostgreSQL the database lease also covers other
+    replicas). API requests take no lease: they only read (docs/server.md)."""
     with _local_leases_guard:
         return _local_leases.setdefault(name, threading.Lock())
 
 
 def analyse_one(
-    context: ServerContext,
+    context: LoopContext,
     job_id: str,
     now: float,
     *,
     attempt: int | None = None,
-    state_change_only: bool = False,
 ) -> bool:
-    """Analyse one job attempt (default: the job's newest) if it has news (or, with
-    `state_change_only`, only if it changed state since its stored analysis: what the API does
-    before serving it) and store the result. Each attempt has its own lease and result."""
+    """Analyse one job attempt (default: the job's newest) if it has news (new steps, a changed
+    state) and store the result. Each attempt has its own lease and result."""
     if attempt is None:
         with context.db.session() as session:
             attempt = queries.attempt_count(session=session, job_id=job_id)
@@ -216,7 +233,7 @@ def analyse_one(
     lease = attempts.name(job_id, attempt)
     with _local_lease(lease):
         try:
-            return _analyse_leased(context, job_id, attempt, lease, now, state_change_only)
+            return _analyse_leased(context, job_id, attempt, lease, now)
         except DATABASE_UNAVAILABLE:
             raise  # an outage, not this job's fault: every job waits for the database alike
         except Exception as exc:
@@ -234,13 +251,10 @@ def analyse_one(
             )
 
 
-def _analyse_leased(
-    context: ServerContext, job_id: str, attempt: int, lease: str, now: float, state_change_only: bool
-) -> bool:
+def _analyse_leased(context: LoopContext, job_id: str, attempt: int, lease: str, now: float) -> bool:
     settings = context.settings
     with context.db.transaction() as session:
-        # The API waits for a running analysis of the job (then usually finds it up to date).
-        if not try_lease(session, lease, wait=state_change_only):
+        if not try_lease(session, lease):  # another replica analyses it this pass
             return False
         job = session.get(Job, (job_id, attempt))
         if job is None:
@@ -252,7 +266,6 @@ def _analyse_leased(
             previous=previous,
             settings=settings,
             now=now,
-            state_change_only=state_change_only,
         ):
             return False
         if context.workers is not None:
@@ -279,9 +292,7 @@ def _analyse_leased(
     return True
 
 
-def _charge_hosts(
-    context: ServerContext, session: Session, job: Job, row: AnalysisResult, now: float
-) -> None:
+def _charge_hosts(context: LoopContext, session: Session, job: Job, row: AnalysisResult, now: float) -> None:
     """The fleet view's rollups of the job's new analysis and GPU samples (hosts/record.py), in
     a savepoint on PostgreSQL: a failure there is logged and leaves the job's own result standing
     (pysqlite's savepoints are unreliable: on SQLite a failure fails the job's pass, as any other)."""
@@ -300,7 +311,7 @@ def _charge_hosts(
 HOSTS_LEASE = "smon/hosts-refresh"
 
 
-def refresh_hosts(context: ServerContext, now: float) -> None:
+def refresh_hosts(context: LoopContext, now: float) -> None:
     """The stored host figures of the hosts this process's passes touched, and of every host
     every few minutes (incidents age out), by one replica at a time; hosts another replica's
     refresh would have taken wait for the next pass."""

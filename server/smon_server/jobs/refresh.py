@@ -6,33 +6,26 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from smon_server.jobs.liveness import JobState, job_state
-from smon_server.jobs.workers import WORKER_DIED
+from smon_server.jobs.processes import WORKER_DIED
 from smon_server.settings import Settings
 from smon_server.store import queries
 from smon_server.store.models import AnalysisResult, Job
 
 
 def needs_refresh(
-    *,
-    session: Session,
-    job: Job,
-    previous: AnalysisResult,
-    settings: Settings,
-    now: float,
-    state_change_only: bool = False,
+    *, session: Session, job: Job, previous: AnalysisResult, settings: Settings, now: float
 ) -> bool:
     """New steps arrived, or the job's state changed (a stall must be diagnosed while it lasts).
     A pass that failed counts as the latest: the job is tried again once new steps arrive."""
-    if previous.error == WORKER_DIED and not state_change_only:
+    if previous.error == WORKER_DIED:
         return True  # killed once: perhaps for another process's memory (jobs/workers.py)
     since = max(previous.computed_at, previous.error_at or previous.computed_at)
-    new_steps = job.last_step_seen is not None and job.last_step_seen > since
-    if new_steps and not state_change_only:
+    if job.last_step_seen is not None and job.last_step_seen > since:
         return True
     state = current_state(session=session, job=job, stall_seconds=settings.stall_seconds, now=now)
     if state.value != previous.state:
         return True
-    return state is JobState.STALLED and not state_change_only and not previous.error
+    return state is JobState.STALLED and not previous.error
 
 
 def current_state(*, session: Session, job: Job, stall_seconds: float, now: float) -> JobState:

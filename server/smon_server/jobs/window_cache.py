@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from smon_server.jobs.processes import default_processes
 from smon_server.settings import Settings
 from smon_server.store.models import Agent, Job
 from smon_server.whatif.inputs.step_table import StepTable
@@ -82,8 +83,6 @@ def process_cache(settings: Settings) -> WindowCache | None:
 def cache_bytes(settings: Settings) -> int:
     """SMON_ANALYSIS_CACHE_MB, or a quarter of physical memory over the analysing processes, the
     big jobs' own worker counted (a 4,096-rank × 500-step window keeps about 0.65 GB)."""
-    from smon_server.jobs.workers import default_processes
-
     if settings.analysis_cache_mb is not None:
         return settings.analysis_cache_mb * 1024 * 1024
     try:

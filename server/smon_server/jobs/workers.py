@@ -24,21 +24,15 @@ import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from smon_server.settings import Settings
 from smon_server.store import attempts
+from smon_server.store.queries import StepWindow
 
 log = logging.getLogger(__name__)
-
-# Why a job's analysis failed when its worker died (jobs/failures.py): the first time it is tried
-# again at the next pass (the worker may have been killed for another process's memory); dying
-# again on the same job, it waits for new steps like any failure, so a job that takes its worker
-# down does not do so every pass.
-WORKER_DIED = "the analysis worker process died while analysing this job (out of memory, or killed)"
-WORKER_DIED_AGAIN = WORKER_DIED + ", twice in a row"
 
 # Per worker process, set by _start.
 _state: dict[str, Any] = {}
@@ -60,8 +54,11 @@ def _exit_with(parent: int) -> None:
     os._exit(0)
 
 
-def _analyze(job_id: str, attempt: int, now: float) -> tuple[int, dict[str, Any] | None]:
-    """(this worker's pid, the job attempt's analysis, or None when it is gone)."""
+def _analyze(
+    job_id: str, attempt: int, now: float, window: StepWindow | None = None
+) -> tuple[int, dict[str, Any] | None]:
+    """(this worker's pid, the job attempt's analysis, or None when it is gone). `window`: a step
+    range asked for through the API (jobs/windows.py), analysed on its own, not the pass's."""
     from smon_server.jobs.analysis import analyze_job
     from smon_server.store.models import Job
 
@@ -71,19 +68,9 @@ def _analyze(job_id: str, attempt: int, now: float) -> tuple[int, dict[str, Any]
         result = (
             None
             if job is None
-            else analyze_job(session=session, job=job, settings=_state["settings"], now=now)
+            else analyze_job(session=session, job=job, settings=_state["settings"], now=now, window=window)
         )
     return os.getpid(), result
-
-
-def default_processes(settings: Settings) -> int:
-    """SMON_ANALYSIS_WORKERS, or every core but one (left to ingest and the API), at least one. An
-    in-memory SQLite database lives in the server process only: analysis stays there."""
-    if settings.database_url.startswith("sqlite") and ":memory:" in settings.database_url:
-        return 0
-    if settings.analysis_workers is not None:
-        return settings.analysis_workers
-    return max(1, (os.cpu_count() or 2) - 1)
 
 
 # Jobs this big (world size) are analysed on a worker of their own (see above).
@@ -102,6 +89,10 @@ class AnalysisWorkers:
         # Slots 0..processes-1 for jobs below BIG_JOB_RANKS, slot `processes` for the big ones.
         self._pools: list[ProcessPoolExecutor | None] = [None] * (processes + 1)
         self._owner: dict[str, int] = {}  # job attempt (attempts.name) -> the worker keeping its window
+        # Windows asked for through the API (jobs/windows.py) run in processes of their own,
+        # started on first use: a dashboard's zoom neither waits behind the pass's queue nor
+        # delays it, and they keep no window cache that the pass's workers would lose.
+        self._windows: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
     def _slot(self, job_id: str, big: bool) -> int:
@@ -145,6 +136,45 @@ class AnalysisWorkers:
         self.pids.add(pid)
         return result
 
+    def submit_window(
+        self, job_id: str, attempt: int, now: float, window: StepWindow, *, processes: int
+    ) -> Future[dict[str, Any] | None]:
+        """The job attempt's analysis of `window`, in one of `processes` processes kept for such
+        requests; a process that dies fails that request (BrokenProcessPool) and is started again
+        for the next."""
+        with self._lock:
+            pool = self._windows
+            if pool is None:
+                pool = self._windows = ProcessPoolExecutor(
+                    processes,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_start,
+                    initargs=(self.settings, os.getpid()),
+                )
+        done: Future[dict[str, Any] | None] = Future()
+
+        def finished(ran: Future[tuple[int, dict[str, Any] | None]]) -> None:
+            error = ran.exception()
+            if error is None:
+                done.set_result(ran.result()[1])
+                return
+            if isinstance(error, BrokenProcessPool):
+                log.error("an analysis worker died while analysing a window of job %s; restarting it", job_id)
+                with self._lock:
+                    if self._windows is pool:
+                        self._windows = None
+                pool.shutdown(wait=False, cancel_futures=True)
+            done.set_exception(error)
+
+        try:
+            pool.submit(_analyze, job_id, attempt, now, window).add_done_callback(finished)
+        except BrokenProcessPool as exc:  # broken before this request: started again next time
+            with self._lock:
+                if self._windows is pool:
+                    self._windows = None
+            done.set_exception(exc)
+        return done
+
     def forget(self, names: set[str]) -> None:
         """Job attempts (attempts.name) no longer stored: their worker need not be kept."""
         with self._lock:
@@ -153,7 +183,8 @@ class AnalysisWorkers:
 
     def close(self) -> None:
         with self._lock:
-            pools, self._pools = self._pools, [None] * (self.processes + 1)
+            pools, self._pools = [*self._pools, self._windows], [None] * (self.processes + 1)
+            self._windows = None
         for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
