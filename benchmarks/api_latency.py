@@ -42,7 +42,7 @@ from sqlalchemy import insert, text
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.bench_db
 from benchmarks.bench_db import fresh_database, loopback_settings
 from smon_server.api.schemas import HeatmapOut
-from smon_server.jobs import analysis
+from smon_server.jobs import phase_heatmap
 from smon_server.runtime import BackgroundServer
 from smon_server.store import grids, migrate, phase_grids
 from smon_server.store.db import Database
@@ -270,7 +270,7 @@ def old_phase_heatmap(db: Database, job_id: str, metric: str) -> bytes:
     with db.session() as session:
         job = session.get(Job, (job_id, 1))
         assert job is not None
-        grid = analysis._raw_phase_grid(session, job, metric, 0, STEPS - 1, None, None)
+        grid = phase_heatmap._raw_phase_grid(session, job, metric, 0, STEPS - 1, None, None)
     body = downsample(grid, max_ranks=512, max_steps=512)
     return HeatmapOut(job_id=job_id, metric=metric, **body).model_dump_json().encode()
 
@@ -295,7 +295,7 @@ def new_heatmap(db: Database, job_id: str, metric: str) -> bytes:
             assert blob is not None
             grid = grids.unpack(blob.heatmap)
         else:
-            grid = analysis.phase_heatmap(
+            grid = phase_heatmap.phase_heatmap(
                 session=session, job=job, metric=metric, window=StepWindow(), default_last=STEPS
             )
     grid = heatmaps.select(grid, from_rank=None, to_rank=None, from_step=None, to_step=None)

@@ -249,6 +249,21 @@ class StepColumns:
         )
 
 
+def worker_ids(dp_rank: np.ndarray, pp_rank: np.ndarray) -> np.ndarray:
+    """One int64 per (dp_rank, stage) worker: how the store's aggregates and the window's op
+    tables name the workers whose reports make a step complete."""
+    return np.asarray(dp_rank).astype(np.int64) << 32 | np.asarray(pp_rank).astype(np.int64)
+
+
+def reporting_workers(records: StepColumns) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted worker ids in `records`, and the newest step each reported."""
+    ids = worker_ids(records.dp_rank, records.pp_rank)
+    workers, index = np.unique(ids, return_inverse=True)
+    last_seen = np.full(workers.size, np.iinfo(np.int64).min)
+    np.maximum.at(last_seen, index.ravel(), records.step)
+    return workers, last_seen
+
+
 # Phase-only records: the order a training step runs its phases in.
 PHASE_ORDER = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "checkpoint")
 

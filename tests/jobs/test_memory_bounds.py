@@ -16,6 +16,7 @@ from sqlalchemy import select
 from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest.validate import MAX_WORLD_SIZE, Limits, validate_batch
 from smon_server.jobs import analysis as job_analysis
+from smon_server.jobs import phase_heatmap
 from smon_server.settings import Settings
 from smon_server.store import migrate
 from smon_server.store.db import Database
@@ -89,7 +90,7 @@ def _peak(db: Database, job_id: str) -> tuple[int, dict]:
                 result["rank_slowdown"], job_id=job_id, metric="slowdown", max_ranks=512, max_steps=512
             )
             for metric in ("forward", "step_time", "other"):
-                grid = job_analysis.phase_heatmap(
+                grid = phase_heatmap.phase_heatmap(
                     session=session, job=job, metric=metric, window=StepWindow(), default_last=500
                 )
                 heatmaps.response_json(grid, job_id=job_id, metric=metric, max_ranks=512, max_steps=512)

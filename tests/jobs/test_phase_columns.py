@@ -13,11 +13,10 @@ import pytest
 from smon.v1 import ingest_pb2 as pb
 from smon_server.grid import Grid
 from smon_server.ingest.validate import Limits, validate_batch
-from smon_server.jobs import analysis
-from smon_server.jobs import window_ops as window_ops_module
-from smon_server.jobs.window_ops import WindowCache
+from smon_server.jobs import analysis, phase_heatmap, window_cache
+from smon_server.jobs.window_cache import WindowCache
 from smon_server.settings import Settings
-from smon_server.store import migrate, phase_grids, queries
+from smon_server.store import migrate, phase_grids, queries, window_reader
 from smon_server.store.db import Database
 from smon_server.store.models import Job, PhaseColumn
 from smon_server.store.queries import StepWindow
@@ -55,7 +54,7 @@ def served(db: Database, job_id: str, metric: str, window: StepWindow, **zoom: i
     with db.session() as session:
         job = session.get(Job, (job_id, 1))
         assert job is not None
-        return analysis.phase_heatmap(
+        return phase_heatmap.phase_heatmap(
             session=session, job=job, metric=metric, window=window, default_last=WINDOW, **zoom
         )
 
@@ -89,10 +88,10 @@ def stored_steps(db: Database, job_id: str) -> tuple[int, int] | None:
 def test_stored_phase_grids_equal_the_records_pass_after_pass(
     db: Database, monkeypatch: pytest.MonkeyPatch, chunk: int
 ) -> None:
-    monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
-    monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
+    monkeypatch.setattr(window_reader, "COLD_CHUNK_STEPS", chunk)
+    monkeypatch.setattr(window_reader, "WHOLE_READ_RECORDS", 0)  # chunked however small
     settings: Settings = server_settings(db.url, analysis_window_steps=WINDOW, warmup_steps=3)
-    monkeypatch.setattr(analysis, "_cache", WindowCache(256 * 1024 * 1024))
+    monkeypatch.setattr(window_cache, "_cache", WindowCache(256 * 1024 * 1024))
     job_id = f.new_job_id("phases")
     origin, step = f.T0, 0
     held: list[pb.StepRecord] = []  # rank 3's records, sent one push late
@@ -149,7 +148,7 @@ def test_a_restart_and_a_lost_pass_keep_the_grids_right(
     row); a pass whose rows were never stored (its transaction failed) leaves no gap: the next
     one stores what it read and drops what it cannot vouch for."""
     settings: Settings = server_settings(db.url, analysis_window_steps=WINDOW, warmup_steps=2)
-    monkeypatch.setattr(analysis, "_cache", WindowCache(256 * 1024 * 1024))
+    monkeypatch.setattr(window_cache, "_cache", WindowCache(256 * 1024 * 1024))
     job_id = f.new_job_id("restart")
     records, origin = _steps(0, 40, f.T0)
     write_batches(
@@ -225,7 +224,7 @@ def test_binary_copy_stores_the_rows_row_by_row_stored(db: Database, monkeypatch
     job_id = f.new_job_id("binary")
     origin = f.T0
     expected: dict[tuple[int, int], tuple[bytes | None, bytes]] = {}
-    monkeypatch.setattr(analysis, "_cache", WindowCache(64 << 20))
+    monkeypatch.setattr(window_cache, "_cache", WindowCache(64 << 20))
     for seq, count in enumerate((40, 6), start=1):
         records, origin = _steps(0 if seq == 1 else 40, count, origin)
         records[3] = records[3][:-1]  # rank 3's newest step in flight: that step is partial

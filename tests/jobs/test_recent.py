@@ -7,8 +7,8 @@ import random
 import pytest
 
 from smon_server.columns import StepColumns
-from smon_server.jobs.analysis import _recent_from
 from smon_server.jobs.live import analyze_live, recent_stragglers
+from smon_server.jobs.step_ranges import recent_from
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.inputs.from_steps import build_op_table
 from tests.whatif.step_records import DdpJob, simulate
@@ -38,17 +38,17 @@ def test_healthy_recent_steps_name_nobody() -> None:
 
 def test_recent_stretch_is_the_last_seconds_but_never_too_few_steps() -> None:
     times = [(s, 100.0 + s, 101.0 + s) for s in range(100)]  # one step a second
-    assert _recent_from(times, seconds=15, min_steps=5) == 84  # ended within 15 s of the newest
-    assert _recent_from(times, seconds=1, min_steps=5) == 95  # at least 5 steps
+    assert recent_from(times, seconds=15, min_steps=5) == 84  # ended within 15 s of the newest
+    assert recent_from(times, seconds=1, min_steps=5) == 95  # at least 5 steps
     slow = [(s, 100.0 + 30 * s, 130.0 + 30 * s) for s in range(100)]  # 30 s steps
-    assert _recent_from(slow, seconds=15, min_steps=5) == 95
-    assert _recent_from(times, seconds=500, min_steps=5) is None  # the whole window already
-    assert _recent_from(times[:5], seconds=15, min_steps=5) is None
+    assert recent_from(slow, seconds=15, min_steps=5) == 95
+    assert recent_from(times, seconds=500, min_steps=5) is None  # the whole window already
+    assert recent_from(times[:5], seconds=15, min_steps=5) is None
     fast = [(s, 100.0 + 0.04 * s, 100.04 + 0.04 * s) for s in range(500)]  # 40 ms steps
-    assert _recent_from(fast, seconds=15, min_steps=5) in (124, 125)  # the newest ~375 steps
-    assert _recent_from(fast, seconds=15, min_steps=5, max_steps=50) == 450  # but at most 50
-    assert _recent_from(slow, seconds=15, min_steps=5, max_steps=50) == 95  # the minimum is kept
-    assert _recent_from(fast, seconds=15, min_steps=5, max_steps=2) == 495  # even over a smaller maximum
+    assert recent_from(fast, seconds=15, min_steps=5) in (124, 125)  # the newest ~375 steps
+    assert recent_from(fast, seconds=15, min_steps=5, max_steps=50) == 450  # but at most 50
+    assert recent_from(slow, seconds=15, min_steps=5, max_steps=50) == 95  # the minimum is kept
+    assert recent_from(fast, seconds=15, min_steps=5, max_steps=2) == 495  # even over a smaller maximum
 
 
 def _long_step_job(ranks: int, steps: int, extra: float, onset: int) -> DdpJob:

@@ -13,11 +13,12 @@ import pytest
 
 from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest.validate import Limits, validate_batch
-from smon_server.jobs import analysis
+from smon_server.jobs import analysis, window_cache
 from smon_server.jobs import window_ops as window_ops_module
-from smon_server.jobs.window_ops import WindowCache, WindowOps, window_ops
+from smon_server.jobs.window_cache import WindowCache
+from smon_server.jobs.window_ops import WindowOps, window_ops
 from smon_server.settings import Settings
-from smon_server.store import migrate
+from smon_server.store import migrate, window_reader
 from smon_server.store.db import Database
 from smon_server.store.models import Job
 from smon_server.store.queries import StepWindow, resolve_window
@@ -112,11 +113,11 @@ def test_incremental_passes_match_cold_passes(
     """Pushes of 1 to 9 steps, rank 3 a push behind the others (its newest steps arrive late),
     a 30-step window sliding through a straggler's onset and end: after every push, the pass on
     the kept table equals the pass from scratch."""
-    monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
-    monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
+    monkeypatch.setattr(window_reader, "COLD_CHUNK_STEPS", chunk)
+    monkeypatch.setattr(window_reader, "WHOLE_READ_RECORDS", 0)  # chunked however small
     settings: Settings = server_settings(db.url, analysis_window_steps=WINDOW, warmup_steps=3)
     cache = WindowCache(256 * 1024 * 1024)
-    monkeypatch.setattr(analysis, "_cache", cache)
+    monkeypatch.setattr(window_cache, "_cache", cache)
     built = _record_builds(monkeypatch)
     job_id = f.new_job_id("window")
     origin, step = f.T0, 0
@@ -134,10 +135,10 @@ def test_incremental_passes_match_cold_passes(
             assert job is not None
             kept = analysis.analyze_job(session=session, job=job, settings=settings, now=origin + 2)
             incremental_passes += int(built[-1].incremental)
-            monkeypatch.setattr(analysis, "_cache", None)
+            monkeypatch.setattr(window_cache, "_cache", None)
             cold_settings = settings.model_copy(update={"analysis_cache_mb": 0})
             cold = analysis.analyze_job(session=session, job=job, settings=cold_settings, now=origin + 2)
-            monkeypatch.setattr(analysis, "_cache", cache)
+            monkeypatch.setattr(window_cache, "_cache", cache)
         assert _comparable(kept) == _comparable(cold), f"after step {step - 1}"
     assert incremental_passes == 14  # all but the first two (rank 3 joins with the second)
     assert kept["summary"]["to_step"] == step - 1 - 7  # rank 3's newest push is still in flight
@@ -149,7 +150,7 @@ def test_a_restart_rebuilds_the_window(db: Database, monkeypatch: pytest.MonkeyP
     """A rank restarted under a new agent re-runs steps it had reported: the kept table is not
     used, and the pass matches one from scratch."""
     settings: Settings = server_settings(db.url, analysis_window_steps=WINDOW, warmup_steps=2)
-    monkeypatch.setattr(analysis, "_cache", WindowCache(256 * 1024 * 1024))
+    monkeypatch.setattr(window_cache, "_cache", WindowCache(256 * 1024 * 1024))
     built = _record_builds(monkeypatch)
     job_id = f.new_job_id("window")
     records, origin = _steps(0, 40, f.T0)
@@ -172,7 +173,7 @@ def test_a_restart_rebuilds_the_window(db: Database, monkeypatch: pytest.MonkeyP
         job = session.get(Job, (job_id, 1))
         assert job is not None
         kept = analysis.analyze_job(session=session, job=job, settings=settings, now=origin)
-        monkeypatch.setattr(analysis, "_cache", None)
+        monkeypatch.setattr(window_cache, "_cache", None)
         cold_settings = settings.model_copy(update={"analysis_cache_mb": 0})
         cold = analysis.analyze_job(session=session, job=job, settings=cold_settings, now=origin)
     assert not built[1].incremental
@@ -185,7 +186,7 @@ def test_a_cold_build_in_chunks_matches_one_read_whole(db: Database, monkeypatch
     read gives: chunk edges falling anywhere, a step one rank never sent in the middle (dropped
     by its agent), and the newest steps not complete yet."""
     settings: Settings = server_settings(db.url, analysis_window_steps=60, warmup_steps=3)
-    monkeypatch.setattr(analysis, "_cache", None)
+    monkeypatch.setattr(window_cache, "_cache", None)
     settings = settings.model_copy(update={"analysis_cache_mb": 0})
     job_id = f.new_job_id("chunks")
     records, origin = _steps(0, 90, f.T0)
@@ -195,8 +196,8 @@ def test_a_cold_build_in_chunks_matches_one_read_whole(db: Database, monkeypatch
     write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
     results = []
     for chunk in (10_000, 7, 3):
-        monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
-        monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
+        monkeypatch.setattr(window_reader, "COLD_CHUNK_STEPS", chunk)
+        monkeypatch.setattr(window_reader, "WHOLE_READ_RECORDS", 0)  # chunked however small
         with db.session() as session:
             job = session.get(Job, (job_id, 1))
             assert job is not None
@@ -211,7 +212,7 @@ def test_a_cold_build_in_chunks_matches_one_read_whole(db: Database, monkeypatch
 def test_a_kept_table_serves_only_its_own_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two databases holding a job of the same id, keys and restarts (a process serving both, as
     tests do): each is analysed from its own records."""
-    monkeypatch.setattr(analysis, "_cache", WindowCache(256 * 1024 * 1024))
+    monkeypatch.setattr(window_cache, "_cache", WindowCache(256 * 1024 * 1024))
     named = []
     for slow in (1, 2):
         database = Database(f"sqlite:///{tmp_path}/twin-{slow}.db")
@@ -235,7 +236,9 @@ def _rows_outside(ops: OpTable | None, skip: list[tuple[int, int]]) -> OpTable |
     """What the pass did before window_ops took `skip`: the whole table, then a copy without them."""
     if ops is None:
         return None
-    outside = ~analysis.in_ranges(ops.step, skip)
+    outside = np.ones(ops.step.shape, dtype=bool)
+    for lo, hi in skip:
+        outside &= (ops.step < lo) | (ops.step >= hi)
     return ops.take(outside) if outside.any() else None
 
 
@@ -255,8 +258,8 @@ def test_skipped_steps_give_the_table_without_their_rows(
     table the whole window gives with their rows taken out afterwards, to the bit: the same rows
     and the same op types (the checkpoint of step 25, a skipped step, stays listed until step 25
     slides out of the window, and goes then)."""
-    monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
-    monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
+    monkeypatch.setattr(window_reader, "COLD_CHUNK_STEPS", chunk)
+    monkeypatch.setattr(window_reader, "WHOLE_READ_RECORDS", 0)  # chunked however small
     skip = [(0, 3), (20, 30), (52, 55)]
     kept_skipping, kept_whole = WindowCache(256 << 20), WindowCache(256 << 20)
     job_id = f.new_job_id("skip")
@@ -292,7 +295,7 @@ def test_a_cold_build_chunks_the_steps_that_exist(db: Database, monkeypatch: pyt
     steps that exist, not one per that many step numbers (10^10 chunks, an out-of-memory kill
     before), and gives the table one read gives."""
     settings: Settings = server_settings(db.url, analysis_window_steps=60, warmup_steps=3)
-    monkeypatch.setattr(analysis, "_cache", None)
+    monkeypatch.setattr(window_cache, "_cache", None)
     settings = settings.model_copy(update={"analysis_cache_mb": 0})
     job_id = f.new_job_id("sparse")
     records, origin = _steps(0, 70, f.T0)
@@ -303,17 +306,17 @@ def test_a_cold_build_chunks_the_steps_that_exist(db: Database, monkeypatch: pyt
     batches = [f.batch(job_id, r, RANKS, steps=records[r]) for r in range(RANKS)]
     write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
     reads: list[tuple[int | None, int | None]] = []
-    real_read = window_ops_module.read_window
+    real_read = window_reader.read_window
 
     def counted(**kwargs: Any) -> Any:
         reads.append((kwargs.get("from_step"), kwargs.get("to_step")))
         return real_read(**kwargs)
 
-    monkeypatch.setattr(window_ops_module, "read_window", counted)
+    monkeypatch.setattr(window_reader, "read_window", counted)
     results = []
     for chunk in (10_000, 8):
-        monkeypatch.setattr(window_ops_module, "COLD_CHUNK_STEPS", chunk)
-        monkeypatch.setattr(window_ops_module, "WHOLE_READ_RECORDS", 0)  # chunked however small
+        monkeypatch.setattr(window_reader, "COLD_CHUNK_STEPS", chunk)
+        monkeypatch.setattr(window_reader, "WHOLE_READ_RECORDS", 0)  # chunked however small
         reads.clear()
         with db.session() as session:
             job = session.get(Job, (job_id, 1))
@@ -325,3 +328,52 @@ def test_a_cold_build_chunks_the_steps_that_exist(db: Database, monkeypatch: pyt
     assert len(reads) == math.ceil(61 / 8)  # 60 window steps and the one before them
     summary = results[0]["summary"]
     assert (summary["from_step"], summary["to_step"]) == (numbers[10], numbers[69])
+
+
+def test_each_chunk_is_read_once_and_converted_once(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The window goes one way: a cold pass reads each chunk once and converts it once (on
+    PostgreSQL the next chunk is read while one is converted), and the next pass reads and
+    converts the new steps once (store/window_reader.py, then whatif/inputs/step_table.py)."""
+    settings: Settings = server_settings(db.url, analysis_window_steps=60, warmup_steps=3)
+    monkeypatch.setattr(window_cache, "_cache", WindowCache(64 << 20))
+    monkeypatch.setattr(window_reader, "COLD_CHUNK_STEPS", 8)
+    monkeypatch.setattr(window_reader, "WHOLE_READ_RECORDS", 0)  # chunked however small
+    calls: list[str] = []
+    real_read, real_convert = window_reader.read_window, window_ops_module.convert
+
+    def read(**kwargs: Any) -> Any:
+        calls.append(f"read {kwargs['from_step']}..{kwargs['to_step']}")
+        return real_read(**kwargs)
+
+    def convert(*args: Any, **kwargs: Any) -> Any:
+        calls.append("convert")
+        return real_convert(*args, **kwargs)
+
+    monkeypatch.setattr(window_reader, "read_window", read)
+    monkeypatch.setattr(window_ops_module, "convert", convert)
+    job_id = f.new_job_id("oneway")
+    records, origin = _steps(0, 70, f.T0)
+    write_batches(
+        db,
+        [validate_batch(f.batch(job_id, r, RANKS, steps=records[r]), Limits()) for r in range(RANKS)],
+        now=origin,
+    )
+    with db.session() as session:
+        job = session.get(Job, (job_id, 1))
+        assert job is not None
+        analysis.analyze_job(session=session, job=job, settings=settings, now=origin)
+    chunks = math.ceil(61 / 8)  # 60 window steps and the one before
+    reads = [c for c in calls if c.startswith("read")]
+    assert len(reads) == len(set(reads)) == calls.count("convert") == chunks
+    calls.clear()
+    more, origin = _steps(70, 5, origin)
+    write_batches(
+        db,
+        [validate_batch(f.batch(job_id, r, RANKS, seq=2, steps=more[r]), Limits()) for r in range(RANKS)],
+        now=origin,
+    )
+    with db.session() as session:
+        job = session.get(Job, (job_id, 1))
+        assert job is not None
+        analysis.analyze_job(session=session, job=job, settings=settings, now=origin)
+    assert calls == ["read 69..74", "convert"]  # from the newest kept step on

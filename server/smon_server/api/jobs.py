@@ -55,8 +55,7 @@ from smon_server.api.schemas import (
     WorkerStepOut,
     utc,
 )
-from smon_server.jobs import analysis as job_analysis
-from smon_server.jobs import trend, windows
+from smon_server.jobs import phase_heatmap, refresh, trend, windows
 from smon_server.jobs.liveness import JobState, job_state
 from smon_server.settings import Settings
 from smon_server.store import grids, queries
@@ -132,7 +131,7 @@ def _analysis(db: Session, context: ApiContext, job: Job, window: StepWindow, *p
         stored = queries.result_parts(session=db, job_id=job.job_id, attempt=job.attempt, parts=parts)
         if stored is not None:
             now = time.time()
-            live = job_analysis.current_state(
+            live = refresh.current_state(
                 session=db, job=job, stall_seconds=context.settings.stall_seconds, now=now
             )
             if stored["state"] != live.value:
@@ -285,7 +284,7 @@ def heatmap(
         if grid is None:
             grid = _analysis(db, context, job, window, "heatmap")["heatmap"]
     else:
-        grid = job_analysis.phase_heatmap(
+        grid = phase_heatmap.phase_heatmap(
             session=db,
             job=job,
             metric=metric,

@@ -18,9 +18,9 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from smon_server.jobs.analysis import current_state
 from smon_server.jobs.live import empty_summary
 from smon_server.jobs.processes import WORKER_DIED, WORKER_DIED_AGAIN
+from smon_server.jobs.refresh import current_state
 from smon_server.store import grids
 from smon_server.store.db import Database
 from smon_server.store.leases import try_lease

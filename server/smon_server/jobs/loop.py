@@ -24,7 +24,7 @@ from smon_server.alerts.notifiers import Notifier
 from smon_server.alerts.rules import Rule
 from smon_server.hosts import fleet
 from smon_server.hosts import record as host_record
-from smon_server.jobs import affinity, failures, trend, waste
+from smon_server.jobs import affinity, failures, refresh, stored_result, trend, waste
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs.workers import AnalysisWorkers, is_big
 from smon_server.metrics.analysis_stats import AnalysisStats
@@ -287,7 +287,7 @@ def _analyse_leased(context: LoopContext, job_id: str, attempt: int, lease: str,
         if job is None:
             return False
         previous = session.get(AnalysisResult, (job_id, attempt))
-        if previous is not None and not job_analysis.needs_refresh(
+        if previous is not None and not refresh.needs_refresh(
             session=session,
             job=job,
             previous=previous,
@@ -304,13 +304,13 @@ def _analyse_leased(context: LoopContext, job_id: str, attempt: int, lease: str,
             result = job_analysis.analyze_job(session=session, job=job, settings=settings, now=now)
         if previous is not None and previous.steps_seen and not result["summary"].get("steps_seen"):
             # The raw steps are gone (retention): the stored analysis stays, with the new state.
-            job_analysis.restate_result(previous, result)
+            stored_result.restate_result(previous, result)
             failures.recovered(previous, job_id, attempt)
             return True
         waste.accumulate_waste(job=job, result=result)
         row = previous or AnalysisResult(job_id=job_id, attempt=attempt)
         failures.recovered(row, job_id, attempt)
-        job_analysis.store_result(row, result)
+        stored_result.store_result(row, result)
         session.add(row)
         if result.get("phase_columns") is not None:
             phase_grids.write(session, job.key, result["phase_columns"])

@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from smon_server.jobs import analysis, failures
+from smon_server.jobs import analysis, failures, refresh
 from smon_server.jobs.workers import AnalysisWorkers
 from smon_server.settings import Settings
 from smon_server.store.db import DATABASE_UNAVAILABLE, Database
@@ -97,7 +97,7 @@ class WindowAnalyses:
         job's data is answered as a failed one (served, not stored), as the pass stores its own.
         Raises Busy, TimedOut, Gone, or a DATABASE_UNAVAILABLE error."""
         now = time.time()
-        state = analysis.current_state(
+        state = refresh.current_state(
             session=session, job=job, stall_seconds=self.settings.stall_seconds, now=now
         )
         key = WindowKey(

@@ -79,6 +79,7 @@ def complete_steps(cols: StepColumns, workers: int | None = None) -> StepColumns
 
 
 def build_op_table(cols: StepColumns) -> OpTable:
+    """The op table alone, for a build that is never merged (offline.analyze_profile)."""
     return build_labelled_op_table(cols)[0]
 
 

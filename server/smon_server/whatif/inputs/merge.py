@@ -1,7 +1,9 @@
 """Join op tables of consecutive step ranges built apart into the table one build would give.
 
-The live path keeps each job's op table between passes and builds only the new steps' ops
-(jobs/window_ops.py). Two fields are numbered per table: op type codes (index into `op_types`)
+The live path builds a cold window chunk by chunk and joins the chunks' tables (`join`), keeps
+each job's table between passes, extends it with the new steps' (`extend`) and drops the steps
+that slid out of the window (`trim`): jobs/window_ops.py; the tables with their facts are
+whatif/inputs/step_table.py's. Two fields are numbered per table: op type codes (index into `op_types`)
 and host ops' seq_ids (dense, by label: the op a host gap precedes and its occurrence). Merging
 maps both onto one numbering; every other field is per row already. The numbers may differ from
 those of one build over the same steps, but the grouping they express is the same, and that is
@@ -10,9 +12,12 @@ all the engine reads from them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from smon_server.whatif import ops as O
+from smon_server.whatif.inputs.step_table import StepTable
 from smon_server.whatif.ops import OpTable
 
 HostLabels = list[tuple[str, int]]
@@ -110,3 +115,64 @@ def drop_unused_types(table: OpTable, keep: np.ndarray | None = None) -> OpTable
 
 def _seq_sq(table: OpTable) -> np.ndarray:
     return table.seq_sq if table.seq_sq.shape[0] == len(table) else np.full(len(table), np.nan)
+
+
+def join(tables: list[StepTable]) -> StepTable:
+    """The tables of consecutive step ranges (each from the step after the one before's
+    `through`) as one. `tables` is emptied: the joined columns are the only copy left."""
+    times = np.concatenate([t.times for t in tables])
+    row_steps = np.concatenate([t.row_steps for t in tables])
+    newest = [(t.ops.op_types, t.type_newest) for t in tables]
+    parts = [(t.ops, t.labels) for t in tables]
+    through = tables[-1].through
+    tables.clear()  # the parts list is the only reference left: join_tables lets go as it joins
+    ops, labels = join_tables(parts)
+    return StepTable(
+        ops=ops,
+        labels=labels,
+        through=through,
+        times=times,
+        row_steps=row_steps,
+        type_newest=_newest_by_type(ops, newest),
+    )
+
+
+def extend(old: StepTable, new: StepTable) -> StepTable:
+    """`old` with the steps of `new` (which follow it) after its own."""
+    ops, labels = merge_tables(old.ops, old.labels, new.ops, new.labels)
+    newest = [(old.ops.op_types, old.type_newest), (new.ops.op_types, new.type_newest)]
+    return StepTable(
+        ops=ops,
+        labels=labels,
+        through=new.through,
+        times=np.concatenate([old.times, new.times]),
+        row_steps=np.concatenate([old.row_steps, new.row_steps]),
+        type_newest=_newest_by_type(ops, newest),
+    )
+
+
+def trim(table: StepTable, lo: int) -> StepTable:
+    """The table without the steps before `lo`; op types left without ops are dropped, as a
+    table built over the remaining steps (skipped ones included) would not have them."""
+    if not table.row_steps.size or int(table.row_steps[0]) >= lo:
+        return table
+    keep = table.type_newest >= lo
+    rows = table.ops.step >= lo
+    ops = table.ops if rows.all() else table.ops.take(rows)
+    return replace(
+        table,
+        ops=drop_unused_types(ops, keep),
+        times=table.times[table.times[:, 0] >= lo],
+        row_steps=table.row_steps[table.row_steps >= lo],
+        type_newest=table.type_newest[keep],
+    )
+
+
+def _newest_by_type(ops: OpTable, parts: list[tuple[tuple[str, ...], np.ndarray]]) -> np.ndarray:
+    """`type_newest` of a table joined from parts, from the parts' own."""
+    out = np.full(len(ops.op_types), np.iinfo(np.int64).min)
+    for op_types, newest in parts:
+        at = np.array([ops.op_types.index(name) for name in op_types], dtype=np.int64)
+        if at.size:
+            out[at] = np.maximum(out[at], newest)
+    return out

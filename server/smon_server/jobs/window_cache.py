@@ -1,0 +1,92 @@
+"""This process's kept job windows: the op table of each job's last pass, to be extended by the
+next one (jobs/window_ops.py says what may be kept, and when it is used).
+
+Memory is bounded by SMON_ANALYSIS_CACHE_MB over all jobs; the least recently analysed go first.
+Each analysis worker process has its own cache. This module only keeps: it reads and builds nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from smon_server.jobs.processes import default_processes
+from smon_server.settings import Settings
+from smon_server.store.models import Agent, Job
+from smon_server.whatif.inputs.step_table import StepTable
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A job's window as the last pass left it."""
+
+    key: Hashable  # what the table depends on beyond its steps (`cache_key`)
+    table: StepTable
+    workers: np.ndarray  # sorted worker ids (columns.worker_ids) of the records read
+    last_seen: np.ndarray  # per worker, the newest step it reported
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.nbytes + 16 * self.workers.size
+
+
+class WindowCache:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[str, int], Kept] = OrderedDict()  # by (job_id, attempt)
+        self._lock = threading.Lock()
+
+    def get(self, job: tuple[str, int], key: Hashable) -> Kept | None:
+        """The job's kept window (taken out: the pass puts back what it ends with), if kept under `key`."""
+        with self._lock:
+            entry = self._entries.pop(job, None)
+        return entry if entry is not None and entry.key == key else None
+
+    def put(self, job: tuple[str, int], entry: Kept) -> None:
+        if entry.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            self._entries[job] = entry
+            total = sum(e.nbytes for e in self._entries.values())
+            while total > self.max_bytes and len(self._entries) > 1:
+                _, evicted = self._entries.popitem(last=False)
+                total -= evicted.nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def cache_key(database: str, job: Job, agents: Sequence[Agent], restarts: Sequence[int]) -> Hashable:
+    """What a kept table depends on beyond its steps. The database is part of it: a process may
+    serve more than one (tests do), and job and agent keys are only unique within one."""
+    return (database, job.key, job.world_size, tuple(sorted(a.key for a in agents)), tuple(restarts))
+
+
+_cache: WindowCache | None = None
+
+
+def process_cache(settings: Settings) -> WindowCache | None:
+    """This process's cache of job windows (each analysis worker process has its own)."""
+    global _cache
+    if settings.analysis_cache_mb == 0:
+        return None
+    if _cache is None:
+        _cache = WindowCache(cache_bytes(settings))
+    return _cache
+
+
+def cache_bytes(settings: Settings) -> int:
+    """SMON_ANALYSIS_CACHE_MB, or a quarter of physical memory over the analysing processes, the
+    big jobs' own worker counted (a 4,096-rank × 500-step window keeps about 0.65 GB)."""
+    if settings.analysis_cache_mb is not None:
+        return settings.analysis_cache_mb * 1024 * 1024
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = 8 << 30
+    return memory // 4 // (max(1, default_processes(settings)) + 1)
