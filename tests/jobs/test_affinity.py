@@ -17,6 +17,7 @@ from smon_server.store import migrate
 from smon_server.store.replicas import Membership
 from smon_server.store.writes import write_batches
 from tests.support import factories as f
+from tests.support.databases import fresh_database
 from tests.support.settings import server_settings
 
 
@@ -165,3 +166,19 @@ def test_two_replicas_share_the_jobs_keep_them_and_take_over_when_one_leaves(
     finally:
         for context in contexts:
             context.close()
+
+
+@pytest.mark.postgres
+def test_replicas_of_another_database_on_the_same_server_are_not_counted(
+    postgres_url: str, postgres_admin_url: str
+) -> None:
+    with fresh_database(postgres_admin_url, "smon_other") as other_url:
+        engines = [create_engine(postgres_url), create_engine(other_url)]
+        members = [Membership(e) for e in engines]
+        try:
+            assert [m.live() for m in members] == [[members[0].key], [members[1].key]]
+        finally:
+            for m in members:
+                m.leave()
+            for e in engines:
+                e.dispose()

@@ -59,8 +59,11 @@ class Membership:
             assert self._connection is not None
             keys = self._connection.execute(
                 text(
+                    # Advisory locks are per database: another SMon's database on the same
+                    # PostgreSQL server has replicas of its own.
                     "SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' "
-                    "AND classid = :cls AND objsubid = 2 AND granted"
+                    "AND classid = :cls AND objsubid = 2 AND granted AND database = "
+                    "(SELECT oid FROM pg_database WHERE datname = current_database())"
                 ),
                 {"cls": REPLICA_LOCK_CLASS},
             ).scalars()
