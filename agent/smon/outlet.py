@@ -218,9 +218,6 @@ class ProcessOutlet:
         """The shipper process's pid (for tools that account for its CPU)."""
         return int(self._process.pid)
 
-    def alive(self) -> bool:
-        return self._process.poll() is None
-
     def status(self) -> dict[str, Any]:
         self._read_status()
         return dict(self._status)

@@ -55,11 +55,6 @@ def _is_newest_attempt() -> Any:
     return ~exists().where(newer.job_id == Job.job_id, newer.attempt > Job.attempt)
 
 
-def result_of(*, session: Session, job: Job) -> AnalysisResult | None:
-    """The job attempt's stored result, its scalar columns only (the views are deferred)."""
-    return session.get(AnalysisResult, (job.job_id, job.attempt))
-
-
 def result_parts(
     *, session: Session, job_id: str, attempt: int, parts: Sequence[str]
 ) -> dict[str, Any] | None:
