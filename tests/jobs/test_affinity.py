@@ -7,14 +7,14 @@ from __future__ import annotations
 import random
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 
 from smon_server.context import ServerContext
 from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.jobs import loop
 from smon_server.jobs.affinity import SLACK, Work, assign
 from smon_server.store import migrate
-from smon_server.store.replicas import Membership
+from smon_server.store.replicas import REPLICA_LOCK_CLASS, Membership
 from smon_server.store.writes import write_batches
 from tests.support import factories as f
 from tests.support.databases import fresh_database
@@ -182,3 +182,29 @@ def test_replicas_of_another_database_on_the_same_server_are_not_counted(
                 m.leave()
             for e in engines:
                 e.dispose()
+
+
+@pytest.mark.postgres
+def test_a_membership_whose_connection_was_cut_joins_again_in_the_same_call(postgres_url: str) -> None:
+    """After an outage the kept connection is dead: the next pass must find the replicas, not
+    fail (and log a second outage) for a stale connection."""
+    engine = create_engine(postgres_url)
+    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    member = Membership(engine)
+    try:
+        first = member.live()
+        with admin.connect() as connection:
+            cut = connection.execute(
+                text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND classid = :cls AND objid = :key"
+                ),
+                {"cls": REPLICA_LOCK_CLASS, "key": first[0]},
+            ).scalar()
+        assert cut == 1
+        again = member.live()
+        assert again == [member.key] and member.key != 0
+    finally:
+        member.leave()
+        engine.dispose()
+        admin.dispose()

@@ -53,26 +53,33 @@ class Membership:
             raise RuntimeError("this replica's membership lock is not listed in pg_locks")
 
     def _listed(self) -> list[int]:
-        try:
-            if self._connection is None:
-                self._join()
-            assert self._connection is not None
-            keys = self._connection.execute(
-                text(
-                    # Advisory locks are per database: another SMon's database on the same
-                    # PostgreSQL server has replicas of its own.
-                    "SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' "
-                    "AND classid = :cls AND objsubid = 2 AND granted AND database = "
-                    "(SELECT oid FROM pg_database WHERE datname = current_database())"
-                ),
-                {"cls": REPLICA_LOCK_CLASS},
-            ).scalars()
-            found = sorted({int(k) for k in keys})
-            self._connection.commit()
-            return found
-        except Exception:
-            self._drop()
-            raise
+        """The membership locks listed, on the kept connection; one that broke while it was kept
+        (the database restarted or was cut off since the last pass) is replaced once, so the
+        first pass after an outage does not fail, and report a second outage, for a stale
+        connection."""
+        for fresh in (self._connection is None, True):
+            try:
+                if self._connection is None:
+                    self._join()
+                assert self._connection is not None
+                keys = self._connection.execute(
+                    text(
+                        # Advisory locks are per database: another SMon's database on the same
+                        # PostgreSQL server has replicas of its own.
+                        "SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' "
+                        "AND classid = :cls AND objsubid = 2 AND granted AND database = "
+                        "(SELECT oid FROM pg_database WHERE datname = current_database())"
+                    ),
+                    {"cls": REPLICA_LOCK_CLASS},
+                ).scalars()
+                found = sorted({int(k) for k in keys})
+                self._connection.commit()
+                return found
+            except Exception:
+                self._drop()
+                if fresh:
+                    raise
+        raise AssertionError("unreachable")
 
     def _join(self) -> None:
         connection = self.engine.connect()
@@ -89,8 +96,9 @@ class Membership:
         except Exception:
             connection.invalidate()
             raise
+        # Joined again after an outage cut its connection: the outage has its own two lines.
+        log.log(logging.DEBUG if self.key else logging.INFO, "analysis replica %d joined", key)
         self._connection, self.key = connection, key
-        log.info("analysis replica %d joined", key)
 
     def _drop(self) -> None:
         connection, self._connection = self._connection, None
