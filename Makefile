@@ -60,8 +60,8 @@ test: venv web
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -ra -n $(TEST_WORKERS) -m "not (slow or torch)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(PY) -m pytest -q -ra -p no:xdist -m "slow or torch" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) -m "not (slow or torch)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PY) -m pytest -q -ra --durations=25 -p no:xdist -m "slow or torch" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: venv
 	$(PY) -m ruff check .
