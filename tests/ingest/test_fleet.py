@@ -131,6 +131,12 @@ def test_a_replica_past_its_size_says_so_as_a_stream_opens(database_url: str) ->
         acks = pb_grpc.IngestStub(channel).Stream(feed())
         hello = next(acks)
         assert (hello.seq, hello.flush_seconds, hello.accepted) == (0, 2.0, 0)
+        # ... and spreads the streams' first batches over the interval: each is held a random
+        # part of it (more streams, each told on opening).
+        others = [next(pb_grpc.IngestStub(channel).Stream(iter(()))) for _ in range(6)]
+        holds = [(a.throttle_seconds, a.flush_seconds) for a in [hello, *others]]
+        assert all(0.0 <= hold <= flush for hold, flush in holds), holds
+        assert len({hold for hold, _ in holds}) == len(holds), holds
         job = f.new_job_id("hello")
         requests.put(f.batch(job, 0, 1, seq=1, steps=f.dp_job_steps(1, range(3))[0]))
         ack = next(acks)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -82,6 +83,7 @@ class IngestService:
     ) -> None:
         self.batches_per_second = batches_per_second
         self.streams = 0  # agent streams open now
+        self._dephase = random.Random()
         self._latency = 0.0  # arrival to commit of recent batches, seconds (EWMA)
         self.rates = rates
         self.jobs = jobs
@@ -128,8 +130,12 @@ class IngestService:
             if flush := self.flush_seconds():
                 # Past its size, the replica says so as the stream opens (an Ack of no batch, seq
                 # 0): a fleet starting at once would otherwise send a second's batches each until
-                # their first Acks come back, behind the very backlog they make.
-                yield pb.Ack(flush_seconds=flush, step_tables=True)
+                # their first Acks come back, behind the very backlog they make. And it spreads
+                # the streams' first batches over the interval (a hold of a random part of it):
+                # ranks that start together, or reconnect together after a replica restarts,
+                # would otherwise flush in the same second of every interval.
+                hold = self._dephase.uniform(0.0, flush)
+                yield pb.Ack(flush_seconds=flush, step_tables=True, throttle_seconds=hold)
             async for ack in self._stream(requests, context):
                 yield ack
         finally:
