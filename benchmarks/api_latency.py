@@ -42,6 +42,7 @@ from sqlalchemy import insert, text
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.bench_db
 from benchmarks.bench_db import fresh_database, loopback_settings
 from smon_server.api.schemas import HeatmapOut
+from smon_server.grid import Grid
 from smon_server.jobs import phase_heatmap
 from smon_server.runtime import BackgroundServer
 from smon_server.store import grids, migrate, phase_grids
@@ -121,7 +122,7 @@ def views(job_id: str, ranks: int, rng: np.random.Generator, now: float) -> dict
     ]
     workers = {"dp_ranks": list(range(ranks)), "stages": [0], "values": [[float(v)] for v in s_w]}
     heat = (s_w[:, None] + 0.01 * rng.random((ranks, STEPS))).astype(np.float32)
-    grid = grids.Grid(np.arange(ranks, dtype=np.int64), steps.astype(np.int64), heat)
+    grid = Grid(np.arange(ranks, dtype=np.int64), steps.astype(np.int64), heat)
     return {
         "state": "finished",
         "computed_at": now,

@@ -55,6 +55,7 @@ from smon_server.api.schemas import (
     WorkerStepOut,
     utc,
 )
+from smon_server.grid import Grid
 from smon_server.jobs import phase_heatmap, refresh, trend, windows
 from smon_server.jobs.liveness import JobState, job_state
 from smon_server.settings import Settings
@@ -308,7 +309,7 @@ def heatmap(
     return Response(content=body, media_type="application/json")
 
 
-def _covers(grid: grids.Grid | None, window: StepWindow) -> bool:
+def _covers(grid: Grid | None, window: StepWindow) -> bool:
     if grid is None or not grid.steps.size:
         return False
     return (window.from_step is None or window.from_step >= int(grid.steps[0])) and (

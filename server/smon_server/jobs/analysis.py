@@ -2,7 +2,7 @@
 
 The result is a dict of the API's views: `summary` (DESIGN §6 summary fields), `steps` (per-step
 series), `workers` (DP × stage grid of S_w), `rank_slowdown` (rank × step heatmap of S_w, a
-store.grids.Grid), `rank_overall` (S_w per rank), `state`; jobs/stored_result.py stores it.
+grid.Grid), `rank_overall` (S_w per rank), `state`; jobs/stored_result.py stores it.
 
 This module conducts the pass: the window's op table (jobs/window_ops.py), the steps it treats
 apart (jobs/step_ranges.py), the engine and its views (jobs/live.py), and what joins them to the

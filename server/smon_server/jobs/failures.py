@@ -18,6 +18,7 @@ import time
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from smon_server.grid import Grid
 from smon_server.jobs.live import empty_summary
 from smon_server.jobs.processes import WORKER_DIED, WORKER_DIED_AGAIN
 from smon_server.jobs.refresh import current_state
@@ -109,7 +110,7 @@ def fill_empty(row: AnalysisResult, job: Job, now: float) -> None:
     row.rank_overall = {}
     row.top_workers = []
     row.recent_stragglers = []
-    row.heatmap = grids.pack(grids.Grid.empty())
+    row.heatmap = grids.pack(Grid.empty())
 
 
 def failed_result(job: Job, state: str, error: BaseException) -> dict[str, Any]:
@@ -124,5 +125,5 @@ def failed_result(job: Job, state: str, error: BaseException) -> dict[str, Any]:
         "steps": [],
         "workers": {"dp_ranks": [], "stages": [], "values": []},
         "rank_overall": {},
-        "heatmap": grids.Grid.empty(),
+        "heatmap": Grid.empty(),
     }

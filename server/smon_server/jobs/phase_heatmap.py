@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy.orm import Session
 
-from smon_server.store import grids, phase_grids, queries
-from smon_server.store.grids import Grid
+from smon_server.grid import Grid, concat_steps
+from smon_server.store import phase_grids, queries
 from smon_server.store.models import Job
 from smon_server.store.queries import StepWindow
 from smon_server.store.step_window import read_window
@@ -60,7 +60,7 @@ def phase_heatmap(
         )
     if high > stored[1]:
         parts.append(_raw_phase_grid(session, job, metric, max(low, stored[1] + 1), hi, from_rank, to_rank))
-    return grids.concat_steps(parts)
+    return concat_steps(parts)
 
 
 def _raw_phase_grid(

@@ -11,8 +11,7 @@ import numpy as np
 
 # Importable from here too until their users outside views (jobs/, api/jobs.py, benchmarks) import them
 # from smon_server.grid (left for the branches that change those files at the same time).
-from smon_server.grid import Grid as Grid
-from smon_server.grid import concat_steps as concat_steps
+from smon_server.grid import Grid
 
 _MAGIC = b"SMG1"
 
