@@ -129,8 +129,13 @@ def analysis_pass(context: LoopContext, now: float) -> int:
     # Smallest first: a 4,096-rank job's pass (seconds) does not hold up the refresh of the small
     # jobs queued behind it on the same worker.
     ordered = sorted(shared.mine, key=lambda j: j.world_size)
-    jobs = [(j.job_id, j.attempt) for j in ordered]
+    mine = [(j.job_id, j.attempt) for j in ordered]
     big = {(j.job_id, j.attempt) for j in ordered if is_big(j.world_size)}
+    # Only the jobs with news (new steps, a changed state) are leased and analysed, found for all
+    # of them at once: a job with nothing new costs no lease, no transaction, no worker call.
+    with context.db.session() as session:
+        jobs = refresh.with_news(session=session, jobs=mine, settings=context.settings, now=now)
+    big &= set(jobs)
     context.db.availability.succeeded()
 
     def one(job: tuple[str, int]) -> bool:
@@ -146,7 +151,7 @@ def analysis_pass(context: LoopContext, now: float) -> int:
 
     workers = context.workers
     if workers is not None:
-        workers.forget({attempts.name(*job) for job in jobs})
+        workers.forget({attempts.name(*job) for job in mine})
     lanes = 0 if workers is None else workers.processes + (1 if big and len(big) < len(jobs) else 0)
     if workers is not None and lanes > 1 and len(jobs) > 1:
         # One thread per worker process, each holding its job's lease while a process analyses

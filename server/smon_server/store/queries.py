@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, and_, case, exists, func, or_, select, text
+from sqlalchemy import Select, and_, case, exists, func, or_, select, text, tuple_
 from sqlalchemy.orm import Session, aliased
 
 from smon_server.store.models import Agent, Alert, AnalysisResult, GpuSample, Job
@@ -290,6 +290,33 @@ def liveness_facts(*, session: Session, job: Job) -> tuple[bool, float | None]:
     for _, _, all_final, heard, _ in session.execute(stmt):
         return bool(all_final), float(heard)
     return False, None
+
+
+def liveness_facts_of(
+    *, session: Session, jobs: Sequence[tuple[str, int]]
+) -> dict[tuple[str, int], tuple[bool, float]]:
+    """liveness_facts of many job attempts in one query (the analysis pass asks it of every job
+    that has no new steps, to find the few whose state changed); an attempt without agents is
+    absent."""
+    if not jobs:
+        return {}
+    stmt = _liveness_facts_stmt(tuple_(Agent.job_id, Agent.attempt).in_(list(jobs)))
+    return {
+        (str(j), int(a)): (bool(all_final), float(heard))
+        for j, a, all_final, heard, _ in session.execute(stmt)
+    }
+
+
+def newest_attempts(*, session: Session, job_ids: Sequence[str]) -> dict[str, int]:
+    """Each job's newest attempt number (is_superseded of many attempts in one query)."""
+    if not job_ids:
+        return {}
+    stmt = (
+        select(Job.job_id, func.max(Job.attempt))
+        .where(Job.job_id.in_(sorted(set(job_ids))))
+        .group_by(Job.job_id)
+    )
+    return {str(j): int(a) for j, a in session.execute(stmt)}
 
 
 def job_agents(*, session: Session, job: Job) -> Sequence[Agent]:
