@@ -29,7 +29,7 @@ from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs.workers import AnalysisWorkers, is_big
 from smon_server.metrics.analysis_stats import AnalysisStats
 from smon_server.settings import Settings
-from smon_server.store import attempts, ledger, partitions, phase_grids, queries
+from smon_server.store import attempts, ledger, partitions, phase_grids, queries, toast
 from smon_server.store.db import DATABASE_UNAVAILABLE, Database
 from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AnalysisResult, Job
@@ -313,6 +313,7 @@ def _analyse_leased(context: LoopContext, job_id: str, attempt: int, lease: str,
             failures.recovered(previous, job_id, attempt)
             return True
         waste.accumulate_waste(job=job, result=result)
+        toast.prefer_lz4(session)  # the result's large values, rewritten every pass
         row = previous or AnalysisResult(job_id=job_id, attempt=attempt)
         failures.recovered(row, job_id, attempt)
         stored_result.store_result(row, result)
