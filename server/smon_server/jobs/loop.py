@@ -152,11 +152,13 @@ def analysis_pass(context: LoopContext, now: float) -> int:
     workers = context.workers
     if workers is not None:
         workers.forget({attempts.name(*job) for job in mine})
-    lanes = 0 if workers is None else workers.processes + (1 if big and len(big) < len(jobs) else 0)
+    lanes = 0 if workers is None else 2 * workers.processes + (1 if big and len(big) < len(jobs) else 0)
     if workers is not None and lanes > 1 and len(jobs) > 1:
-        # One thread per worker process, each holding its job's lease while a process analyses
-        # it; the big jobs (a worker of their own) on a thread of their own, started first,
-        # beside the small ones.
+        # Two threads per worker process, each holding its job's lease while a process analyses
+        # it: one stores a finished job's result while the process analyses the next (stored
+        # one after the other, a small job's pass was the sum of both, the process idle while
+        # the result was written); the big jobs (a worker of their own) on a thread of their
+        # own, started first, beside the small ones.
         with ThreadPoolExecutor(lanes, thread_name_prefix="smon-analysis") as pool:
             big_lane = pool.submit(lambda: sum(one(job) for job in jobs if job in big)) if big else None
             small = [job for job in jobs if job not in big] if big_lane is not None else jobs
