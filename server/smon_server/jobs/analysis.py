@@ -46,10 +46,9 @@ def analyze_job(
         window=window or StepWindow(),
         default_last=settings.analysis_window_steps,
     )
-    agents = queries.job_agents(session=session, job=job)
-    superseded = queries.is_superseded(session=session, job=job)
+    agents, restarts = queries.agents_and_restarts(session=session, job=job)
+    superseded, until = queries.later_attempt(session=session, job=job)  # GPU samples carry no attempt
     liveness = job_liveness(job, agents, now=now, stall_seconds=settings.stall_seconds, superseded=superseded)
-    restarts = queries.restart_steps(session=session, job=job)
     warm = warmup_ranges(restarts, settings.warmup_steps)
     # The default window slides with the job: its op table is kept between passes and only the
     # new steps are read and built. A window asked for by the API is built on its own. The
@@ -72,7 +71,6 @@ def analyze_job(
     steps_analysed = [step for step, _, _ in times]
     window_start = min((t[1] for t in times), default=None)
     window_end = max((t[2] for t in times), default=None)
-    _, until = queries.attempt_span(session=session, job=job)  # samples carry no attempt
     samples = queries.gpu_samples(session=session, job_id=job.job_id, since=window_start, until=until)
     health = gpu_health(samples, agents)
     hosts = {a.rank: a.host for a in agents}

@@ -322,13 +322,33 @@ def newest_attempts(*, session: Session, job_ids: Sequence[str]) -> dict[str, in
 def job_agents(*, session: Session, job: Job) -> Sequence[Agent]:
     """The newest agent of each rank of the job attempt (a restarted rank reports under a new
     agent id)."""
+    return agents_and_restarts(session=session, job=job)[0]
+
+
+def agents_and_restarts(*, session: Session, job: Job) -> tuple[list[Agent], list[int]]:
+    """job_agents and restart_steps from one read of the attempt's agents (a pass needs both)."""
     agents = session.scalars(
         select(Agent).where(*_of_attempt(job)).order_by(Agent.rank, Agent.first_seen)
     ).all()
     latest: dict[int, Agent] = {}
     for agent in agents:
         latest[agent.rank] = agent
-    return list(latest.values())
+    return list(latest.values()), sorted({int(a.first_step) for a in agents if a.first_step is not None})
+
+
+def later_attempt(*, session: Session, job: Job) -> tuple[bool, float | None]:
+    """is_superseded and attempt_span's `until` in one query: (a newer attempt exists, the
+    next attempt's first report)."""
+    row = session.execute(
+        select(Job.attempt, Job.first_seen)
+        .where(Job.job_id == job.job_id, Job.attempt > job.attempt)
+        .order_by(Job.attempt)
+        .limit(1)
+    ).first()
+    if row is None:
+        return False, None
+    attempt, first_seen = row
+    return True, (float(first_seen) if attempt == job.attempt + 1 and first_seen is not None else None)
 
 
 @dataclass(frozen=True)
