@@ -510,7 +510,10 @@ def main() -> None:
         if before is None and args.baseline != "none":
             before = baseline_tree(args.baseline, Path(tmp))
         load = os.getloadavg()
-        print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; baseline: {args.baseline}")
+        print(
+            f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+            f"baseline: {args.baseline_path or args.baseline}"
+        )
         print(
             f"{'ranks':>6} {'records':>10} {'B/record':>9} {'old B/rec':>9} {'pass':>5} "
             f"{'before s':>9} {'cpu':>6} {'GB':>5} {'after s':>8} {'cpu':>6} {'GB':>5} {'store':>6} "
