@@ -472,7 +472,9 @@ def many_jobs(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[64, 512, 4096])
+    parser.add_argument(
+        "--ranks", type=int, nargs="*", default=[64, 512, 4096], help="single-job sizes (none: skip them)"
+    )
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument(
         "--new-steps", type=int, default=10, help="steps stored between the two passes (default 10)"
