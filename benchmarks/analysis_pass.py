@@ -293,6 +293,7 @@ def run_pass(url: str, ranks: int, steps: int, new_steps: int, cache_mb: int) ->
             "steps": summary.get("steps_seen"),
             "stragglers": len(summary.get("stragglers") or []),
         }
+    figures["engine"] = engine_seconds(url, ["bench"])
     print(json.dumps(figures))
 
 
@@ -371,7 +372,7 @@ def run_many(url: str, jobs: int, ranks: int, steps: int, new_steps: int, worker
     context.storage_maintained_at = time.time()  # partitions and retention are not what is timed
     figures: dict[str, object] = {}
     try:
-        for name in ("cold", "next"):
+        for name in ("cold", "next", "idle"):
             if name == "next":
                 for j in range(1, jobs + 1):
                     append_steps(url, ranks, steps, new_steps, job_key=j)
@@ -382,7 +383,48 @@ def run_many(url: str, jobs: int, ranks: int, steps: int, new_steps: int, worker
         context.close()  # worker processes end: their CPU time is counted below
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     figures["cpu"] = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    figures["engine"] = engine_seconds(url, [f"bench-{j}" for j in range(1, jobs + 1)])
     print(json.dumps(figures))
+
+
+def engine_seconds(url: str, job_ids: list[str]) -> float:
+    """The what-if engine's own time (whatif/engine.py `analyze`, one process) on the op tables
+    of the jobs' windows as the later pass analysed them: what a pass costs past the engine is
+    the pass's per-job work (reads, stored results, hosts, alerts). The tables are built first,
+    outside the timing. A baseline tree without these modules reports NaN."""
+    try:
+        from smon_server.jobs.step_ranges import warmup_ranges
+        from smon_server.jobs.window_ops import window_ops
+        from smon_server.settings import Settings
+        from smon_server.store import queries
+        from smon_server.store.models import Job
+        from smon_server.whatif.config import WhatIfConfig
+        from smon_server.whatif.engine import analyze
+    except ImportError:
+        return float("nan")
+    settings = Settings(database_url=url)
+    db = Database(url)
+    tables = []
+    with db.session() as session:
+        for job_id in job_ids:
+            job = session.get(Job, (job_id, 1))
+            assert job is not None
+            lo, hi = queries.resolve_window(
+                session=session,
+                job=job,
+                window=queries.StepWindow(),
+                default_last=settings.analysis_window_steps,
+            )
+            skip = warmup_ranges(queries.restart_steps(session=session, job=job), settings.warmup_steps)
+            built = window_ops(session=session, job=job, lo=lo, hi=hi, key=None, cache=None, skip=skip)
+            if built.ops is not None:
+                tables.append(built.ops)
+    db.dispose()
+    config = WhatIfConfig(estimator=settings.estimator)
+    start = time.perf_counter()
+    for ops in tables:
+        analyze(ops, config=config)
+    return time.perf_counter() - start
 
 
 def many_jobs(
@@ -394,8 +436,12 @@ def many_jobs(
         "CPU: both passes, server and worker processes."
     )
     print(
+        "engine s: the what-if engine alone (whatif/engine.py) on the same jobs' window op tables, "
+        "one process; idle: a pass right after, no job has new steps."
+    )
+    print(
         f"{'workers':>8} {'pass':>5} {'jobs':>5} {'before s':>9} {'after s':>8} {'/10 s':>6} "
-        f"{'after/before':>12}"
+        f"{'after/before':>12} {'engine s':>8} {'/engine':>7}"
     )
     with fresh_database("smon_bench_many") as url:
         build_many(url, jobs, ranks, steps)
@@ -409,12 +455,15 @@ def many_jobs(
                 runs[label] = _run(command, path)
                 reset(url, steps)  # the next run starts from the same stored steps
             after, old = runs["after"], runs.get("before")
-            for name, label in (("cold", "cold"), ("next", f"+{new_steps}")):
+            engine = after["engine"]
+            for name, label in (("cold", "cold"), ("next", f"+{new_steps}"), ("idle", "idle")):
                 one = after[name]
-                was = old[name]["seconds"] if old else float("nan")
+                was = old[name]["seconds"] if old and name in old else float("nan")
+                versus = f"{engine:>8.2f} {one['seconds'] / engine:>7.2f}" if name == "next" else ""
                 print(
                     f"{count if name == 'cold' else '':>8} {label:>5} {one['analysed']:>5} {was:>9.2f} "
-                    f"{one['seconds']:>8.2f} {one['seconds'] / 10:>6.2f} {one['seconds'] / was:>12.2f}",
+                    f"{one['seconds']:>8.2f} {one['seconds'] / 10:>6.2f} {one['seconds'] / was:>12.2f} "
+                    f"{versus}",
                     flush=True,
                 )
             cpu_before = old["cpu"] if old else float("nan")
@@ -423,7 +472,9 @@ def many_jobs(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[64, 512, 4096])
+    parser.add_argument(
+        "--ranks", type=int, nargs="*", default=[64, 512, 4096], help="single-job sizes (none: skip them)"
+    )
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument(
         "--new-steps", type=int, default=10, help="steps stored between the two passes (default 10)"
@@ -461,11 +512,15 @@ def main() -> None:
         if before is None and args.baseline != "none":
             before = baseline_tree(args.baseline, Path(tmp))
         load = os.getloadavg()
-        print(f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; baseline: {args.baseline}")
+        print(
+            f"load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+            f"baseline: {args.baseline_path or args.baseline}"
+        )
         print(
             f"{'ranks':>6} {'records':>10} {'B/record':>9} {'old B/rec':>9} {'pass':>5} "
             f"{'before s':>9} {'cpu':>6} {'GB':>5} {'after s':>8} {'cpu':>6} {'GB':>5} {'store':>6} "
-            f"{'/10 s':>6} {'/2 GB':>6} {'cpu a/b':>7} {'S':>6} {'same S':>6} {'stragglers':>10}"
+            f"{'/10 s':>6} {'/2 GB':>6} {'cpu a/b':>7} {'S':>6} {'same S':>6} {'stragglers':>10} "
+            f"{'engine s':>8} {'/engine':>7}"
         )
         for ranks in args.ranks:
             with fresh_database("smon_bench_pass") as url:
@@ -508,10 +563,12 @@ def main() -> None:
                     )
                 )
                 ratio = f"{one['cpu'] / was['cpu']:>7.2f}" if was else f"{'':>7}"
+                engine = after["engine"]
+                versus = f"{engine:>8.2f} {one['seconds'] / engine:>7.2f}" if name == "next" else ""
                 print(
                     f"{head} {label:>5} {before_cols} {one['seconds']:>8.2f} {one['cpu']:>6.2f} {gb:>5.2f} "
                     f"{one['store']:>6.2f} {one['seconds'] / 10:>6.2f} {gb / 2:>6.2f} {ratio} "
-                    f"{one['slowdown']:>6.3f} {same:>6} {one['stragglers']:>10}",
+                    f"{one['slowdown']:>6.3f} {same:>6} {one['stragglers']:>10} {versus}",
                     flush=True,
                 )
             if not after["peak_reset"]:

@@ -52,3 +52,40 @@ def test_a_pass_analyses_the_smaller_jobs_first(
     monkeypatch.setattr(loop, "analyse_one", record)
     assert analysis_pass(context, f.T0 + 2) == 4
     assert order == [names[n] for n in ("tiny", "small", "middle", "big")]
+
+
+def test_a_pass_leases_only_the_jobs_with_news(
+    context: ServerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs with no new steps and an unchanged state are found at once and never leased; new steps
+    or a state change (here: the job went quiet, finished) bring a job back into the pass."""
+    jobs = [f.new_job_id("quiet"), f.new_job_id("busy")]
+    records = f.dp_job_steps(2, range(6), origin=f.T0)
+
+    def store(job: str, steps: range, now: float, seq: int) -> None:
+        batches = [f.batch(job, r, 2, seq=seq, steps=[records[r][s] for s in steps]) for r in range(2)]
+        write_batches(context.db, [validate_batch(b, Limits()) for b in batches], now=now)
+
+    for job in jobs:
+        store(job, range(3), f.T0 + 1, 1)
+    assert analysis_pass(context, f.T0 + 2) == 2
+    leased: list[str] = []
+    analyse = loop.analyse_one
+
+    def spy(ctx: ServerContext, job_id: str, now: float, *, attempt: int | None = None) -> bool:
+        leased.append(job_id)
+        return analyse(ctx, job_id, now, attempt=attempt)
+
+    monkeypatch.setattr(loop, "analyse_one", spy)
+    assert analysis_pass(context, f.T0 + 3) == 0
+    assert leased == []
+    store(jobs[1], range(3, 6), f.T0 + 4, 2)
+    assert analysis_pass(context, f.T0 + 5) == 1
+    assert leased == [jobs[1]]
+    leased.clear()
+    stall = context.settings.stall_seconds
+    assert analysis_pass(context, f.T0 + 10 + 2 * stall) == 2  # nothing heard since: finished
+    assert sorted(leased) == sorted(jobs)
+    leased.clear()
+    assert analysis_pass(context, f.T0 + 11 + 2 * stall) == 0
+    assert leased == []

@@ -66,14 +66,15 @@ def record(session: Session, *, job: Job, result: AnalysisResult, now: float) ->
     """Hosts of the job attempt, its straggler incidents and its GPUs' new health events stored;
     returns the hosts whose figures changed."""
     agents = queries.job_agents(session=session, job=job)
-    touched = _host_jobs(session, job, agents)
+    touched, rows = _host_jobs(session, job, agents)
     if not result.flagged:
         touched |= _incidents(session, job, result, agents, now)
-    touched |= _gpu_events(session, job, agents)
+    touched |= _gpu_events(session, job, agents, rows)
     return touched
 
 
-def _host_jobs(session: Session, job: Job, agents: Sequence[Agent]) -> set[str]:
+def _host_jobs(session: Session, job: Job, agents: Sequence[Agent]) -> tuple[set[str], list[HostJob]]:
+    """The hosts its agents ran on, and the job attempt's host rows (theirs brought up to date)."""
     by_host: dict[str, list[Agent]] = {}
     for a in agents:
         if a.host:
@@ -93,7 +94,8 @@ def _host_jobs(session: Session, job: Job, agents: Sequence[Agent]) -> set[str]:
         row.gpus = sorted({a.gpu_uuid for a in members if a.gpu_uuid})
         row.first_seen = min(a.first_seen for a in members)
         row.last_seen = max(a.last_seen for a in members)
-    return set(by_host)
+        stored[host] = row
+    return set(by_host), list(stored.values())
 
 
 def _incidents(
@@ -147,11 +149,9 @@ def _incidents(
     return touched
 
 
-def _gpu_events(session: Session, job: Job, agents: Sequence[Agent]) -> set[str]:
-    """The job attempt's NVML samples since the last scan turned into events on their hosts."""
-    rows = list(
-        session.scalars(select(HostJob).where(HostJob.job_id == job.job_id, HostJob.attempt == job.attempt))
-    )
+def _gpu_events(session: Session, job: Job, agents: Sequence[Agent], rows: Sequence[HostJob]) -> set[str]:
+    """The job attempt's NVML samples since the last scan turned into events on their hosts
+    (`rows`: the job attempt's host rows, as _host_jobs left them)."""
     if not rows:
         return set()
     since, until = queries.attempt_span(session=session, job=job)

@@ -46,10 +46,9 @@ def analyze_job(
         window=window or StepWindow(),
         default_last=settings.analysis_window_steps,
     )
-    agents = queries.job_agents(session=session, job=job)
-    superseded = queries.is_superseded(session=session, job=job)
+    agents, restarts = queries.agents_and_restarts(session=session, job=job)
+    superseded, until = queries.later_attempt(session=session, job=job)  # GPU samples carry no attempt
     liveness = job_liveness(job, agents, now=now, stall_seconds=settings.stall_seconds, superseded=superseded)
-    restarts = queries.restart_steps(session=session, job=job)
     warm = warmup_ranges(restarts, settings.warmup_steps)
     # The default window slides with the job: its op table is kept between passes and only the
     # new steps are read and built. A window asked for by the API is built on its own. The
@@ -65,13 +64,13 @@ def analyze_job(
         on_read=phases.add if phases is not None else None,
         skip=warm,  # dropped chunk by chunk: a copy of the whole table without them is ~0.6 GB
     )
-    release_freed_memory()  # the chunks a cold build freed (~0.7 GB at 4,096 ranks) before the engine
     ops = built.ops
+    if not built.incremental or (ops is not None and len(ops) >= TRIM_OPS):
+        release_freed_memory()  # the chunks a cold build freed (~0.7 GB at 4,096 ranks) before the engine
     times = [t for t in built.times if not any(a <= t[0] < b for a, b in warm)] if ops is not None else []
     steps_analysed = [step for step, _, _ in times]
     window_start = min((t[1] for t in times), default=None)
     window_end = max((t[2] for t in times), default=None)
-    _, until = queries.attempt_span(session=session, job=job)  # samples carry no attempt
     samples = queries.gpu_samples(session=session, job_id=job.job_id, since=window_start, until=until)
     health = gpu_health(samples, agents)
     hosts = {a.rank: a.host for a in agents}
@@ -139,6 +138,11 @@ def analyze_job(
         "top_workers": _top_workers(analysis.rank_overall, agents, settings.metrics_top_k),
         "phase_columns": phases.update(lo) if phases is not None else None,
     }
+
+
+# A later pass over a window this big (ops) trims too: below it, what the few new steps freed is
+# small, and the trim (~2 ms) was a sizeable part of a small job's pass.
+TRIM_OPS = 1_000_000
 
 
 def _top_workers(overall: dict[int, float], agents: Sequence[Agent], k: int) -> list[dict[str, Any]]:

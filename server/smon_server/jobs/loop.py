@@ -29,7 +29,7 @@ from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs.workers import AnalysisWorkers, is_big
 from smon_server.metrics.analysis_stats import AnalysisStats
 from smon_server.settings import Settings
-from smon_server.store import attempts, ledger, partitions, phase_grids, queries
+from smon_server.store import attempts, ledger, partitions, phase_grids, queries, toast
 from smon_server.store.db import DATABASE_UNAVAILABLE, Database
 from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AnalysisResult, Job
@@ -129,8 +129,13 @@ def analysis_pass(context: LoopContext, now: float) -> int:
     # Smallest first: a 4,096-rank job's pass (seconds) does not hold up the refresh of the small
     # jobs queued behind it on the same worker.
     ordered = sorted(shared.mine, key=lambda j: j.world_size)
-    jobs = [(j.job_id, j.attempt) for j in ordered]
+    mine = [(j.job_id, j.attempt) for j in ordered]
     big = {(j.job_id, j.attempt) for j in ordered if is_big(j.world_size)}
+    # Only the jobs with news (new steps, a changed state) are leased and analysed, found for all
+    # of them at once: a job with nothing new costs no lease, no transaction, no worker call.
+    with context.db.session() as session:
+        jobs = refresh.with_news(session=session, jobs=mine, settings=context.settings, now=now)
+    big &= set(jobs)
     context.db.availability.succeeded()
 
     def one(job: tuple[str, int]) -> bool:
@@ -146,12 +151,14 @@ def analysis_pass(context: LoopContext, now: float) -> int:
 
     workers = context.workers
     if workers is not None:
-        workers.forget({attempts.name(*job) for job in jobs})
-    lanes = 0 if workers is None else workers.processes + (1 if big and len(big) < len(jobs) else 0)
+        workers.forget({attempts.name(*job) for job in mine})
+    lanes = 0 if workers is None else 2 * workers.processes + (1 if big and len(big) < len(jobs) else 0)
     if workers is not None and lanes > 1 and len(jobs) > 1:
-        # One thread per worker process, each holding its job's lease while a process analyses
-        # it; the big jobs (a worker of their own) on a thread of their own, started first,
-        # beside the small ones.
+        # Two threads per worker process, each holding its job's lease while a process analyses
+        # it: one stores a finished job's result while the process analyses the next (stored
+        # one after the other, a small job's pass was the sum of both, the process idle while
+        # the result was written); the big jobs (a worker of their own) on a thread of their
+        # own, started first, beside the small ones.
         with ThreadPoolExecutor(lanes, thread_name_prefix="smon-analysis") as pool:
             big_lane = pool.submit(lambda: sum(one(job) for job in jobs if job in big)) if big else None
             small = [job for job in jobs if job not in big] if big_lane is not None else jobs
@@ -308,6 +315,7 @@ def _analyse_leased(context: LoopContext, job_id: str, attempt: int, lease: str,
             failures.recovered(previous, job_id, attempt)
             return True
         waste.accumulate_waste(job=job, result=result)
+        toast.prefer_lz4(session)  # the result's large values, rewritten every pass
         row = previous or AnalysisResult(job_id=job_id, attempt=attempt)
         failures.recovered(row, job_id, attempt)
         stored_result.store_result(row, result)

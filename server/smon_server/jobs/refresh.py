@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from smon_server.jobs.liveness import JobState, job_state
@@ -17,12 +20,76 @@ def needs_refresh(
 ) -> bool:
     """New steps arrived, or the job's state changed (a stall must be diagnosed while it lasts).
     A pass that failed counts as the latest: the job is tried again once new steps arrive."""
+    if _news_without_state(job, previous):
+        return True
+    state = current_state(session=session, job=job, stall_seconds=settings.stall_seconds, now=now)
+    return _state_is_news(state, previous)
+
+
+def with_news(
+    *, session: Session, jobs: Sequence[tuple[str, int]], settings: Settings, now: float
+) -> list[tuple[str, int]]:
+    """The job attempts of `jobs` (in their order) that needs_refresh would pass, decided for all
+    of them in three queries, not several per job: a pass leases and analyses only these, so a
+    job with nothing new costs (almost) nothing. An attempt with no stored result has news; one
+    gone since it was listed has none. The lease holder asks needs_refresh again, under the lease."""
+    if not jobs:
+        return []
+    found: dict[tuple[str, int], tuple[Job, AnalysisResult | None]] = {}
+    keys = list(dict.fromkeys(jobs))
+    for start in range(0, len(keys), _CHUNK):
+        chunk = keys[start : start + _CHUNK]
+        rows = session.execute(
+            select(Job, AnalysisResult)
+            .outerjoin(
+                AnalysisResult,
+                (AnalysisResult.job_id == Job.job_id) & (AnalysisResult.attempt == Job.attempt),
+            )
+            .where(tuple_(Job.job_id, Job.attempt).in_(chunk))
+        )
+        for job, stored in rows:
+            found[(job.job_id, job.attempt)] = (job, stored)
+    news: set[tuple[str, int]] = set()
+    quiet: list[tuple[Job, AnalysisResult]] = []
+    for key, (job, previous) in found.items():
+        if previous is None or _news_without_state(job, previous):
+            news.add(key)
+        else:
+            quiet.append((job, previous))
+    facts: dict[tuple[str, int], tuple[bool, float]] = {}
+    newest: dict[str, int] = {}
+    for start in range(0, len(quiet), _CHUNK):
+        chunk = [(job.job_id, job.attempt) for job, _ in quiet[start : start + _CHUNK]]
+        facts |= queries.liveness_facts_of(session=session, jobs=chunk)
+        newest |= queries.newest_attempts(session=session, job_ids=[j for j, _ in chunk])
+    for job, previous in quiet:
+        all_final, heard = facts.get((job.job_id, job.attempt), (False, None))
+        state = job_state(
+            job,
+            all_final=all_final,
+            last_heard=heard,
+            now=now,
+            stall_seconds=settings.stall_seconds,
+            superseded=newest.get(job.job_id, job.attempt) > job.attempt,
+        )
+        if _state_is_news(state, previous):
+            news.add((job.job_id, job.attempt))
+    return [job for job in jobs if job in news]
+
+
+# Job attempts per query of with_news (bound parameters stay well under the drivers' limits).
+_CHUNK = 1000
+
+
+def _news_without_state(job: Job, previous: AnalysisResult) -> bool:
+    """News that needs no look at the agents: a worker died on the last pass, or new steps."""
     if previous.error == WORKER_DIED:
         return True  # killed once: perhaps for another process's memory (jobs/workers.py)
     since = max(previous.computed_at, previous.error_at or previous.computed_at)
-    if job.last_step_seen is not None and job.last_step_seen > since:
-        return True
-    state = current_state(session=session, job=job, stall_seconds=settings.stall_seconds, now=now)
+    return job.last_step_seen is not None and job.last_step_seen > since
+
+
+def _state_is_news(state: JobState, previous: AnalysisResult) -> bool:
     if state.value != previous.state:
         return True
     return state is JobState.STALLED and not previous.error

@@ -1,7 +1,11 @@
 """This process's kept job windows: the op table of each job's last pass, to be extended by the
 next one (jobs/window_ops.py says what may be kept, and when it is used).
 
-Memory is bounded by SMON_ANALYSIS_CACHE_MB over all jobs; the least recently analysed go first.
+Memory is bounded by SMON_ANALYSIS_CACHE_MB over all jobs; the least recently analysed go first,
+unless they were analysed since the job being kept was last: then the passes cycle over more jobs
+than fit, and least-recently-used would evict exactly the job the pass needs next (a later pass
+over 500 × 64-rank jobs with room for ~370 kept none and rebuilt every window cold). The job
+being kept is dropped instead, so about the share that fits stays warm pass after pass.
 Each analysis worker process has its own cache. This module only keeps: it reads and builds nothing.
 """
 
@@ -39,6 +43,10 @@ class WindowCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._entries: OrderedDict[tuple[str, int], Kept] = OrderedDict()  # by (job_id, attempt)
+        # When each job was last kept (a count of puts), and when each kept entry was.
+        self._tick = 0
+        self._last_put: dict[tuple[str, int], int] = {}
+        self._put_at: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
     def get(self, job: tuple[str, int], key: Hashable) -> Kept | None:
@@ -51,14 +59,30 @@ class WindowCache:
         if entry.nbytes > self.max_bytes:
             return
         with self._lock:
+            self._tick += 1
+            previous = self._last_put.get(job)
+            self._last_put[job] = self._put_at[job] = self._tick
+            if len(self._last_put) > MAX_REMEMBERED:
+                self._last_put = {j: self._put_at[j] for j in self._entries if j in self._put_at}
+                self._last_put[job] = self._tick
             self._entries[job] = entry
             total = sum(e.nbytes for e in self._entries.values())
             while total > self.max_bytes and len(self._entries) > 1:
-                _, evicted = self._entries.popitem(last=False)
+                oldest = next(iter(self._entries))
+                if previous is not None and self._put_at.get(oldest, 0) > previous:
+                    self._entries.pop(job)  # a cycle longer than what fits: keep the others
+                    self._put_at.pop(job, None)
+                    break
+                evicted = self._entries.pop(oldest)
+                self._put_at.pop(oldest, None)
                 total -= evicted.nbytes
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+# Jobs whose last keeping the cache remembers at most (beyond those it keeps).
+MAX_REMEMBERED = 65536
 
 
 def cache_key(database: str, job: Job, agents: Sequence[Agent], restarts: Sequence[int]) -> Hashable:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, and_, case, exists, func, or_, select, text
+from sqlalchemy import Select, and_, case, exists, func, or_, select, text, tuple_
 from sqlalchemy.orm import Session, aliased
 
 from smon_server.store.models import Agent, Alert, AnalysisResult, GpuSample, Job
@@ -287,16 +287,63 @@ def liveness_facts(*, session: Session, job: Job) -> tuple[bool, float | None]:
     return False, None
 
 
+def liveness_facts_of(
+    *, session: Session, jobs: Sequence[tuple[str, int]]
+) -> dict[tuple[str, int], tuple[bool, float]]:
+    """liveness_facts of many job attempts in one query (the analysis pass asks it of every job
+    that has no new steps, to find the few whose state changed); an attempt without agents is
+    absent."""
+    if not jobs:
+        return {}
+    stmt = _liveness_facts_stmt(tuple_(Agent.job_id, Agent.attempt).in_(list(jobs)))
+    return {
+        (str(j), int(a)): (bool(all_final), float(heard))
+        for j, a, all_final, heard, _ in session.execute(stmt)
+    }
+
+
+def newest_attempts(*, session: Session, job_ids: Sequence[str]) -> dict[str, int]:
+    """Each job's newest attempt number (is_superseded of many attempts in one query)."""
+    if not job_ids:
+        return {}
+    stmt = (
+        select(Job.job_id, func.max(Job.attempt))
+        .where(Job.job_id.in_(sorted(set(job_ids))))
+        .group_by(Job.job_id)
+    )
+    return {str(j): int(a) for j, a in session.execute(stmt)}
+
+
 def job_agents(*, session: Session, job: Job) -> Sequence[Agent]:
     """The newest agent of each rank of the job attempt (a restarted rank reports under a new
     agent id)."""
+    return agents_and_restarts(session=session, job=job)[0]
+
+
+def agents_and_restarts(*, session: Session, job: Job) -> tuple[list[Agent], list[int]]:
+    """job_agents and restart_steps from one read of the attempt's agents (a pass needs both)."""
     agents = session.scalars(
         select(Agent).where(*_of_attempt(job)).order_by(Agent.rank, Agent.first_seen)
     ).all()
     latest: dict[int, Agent] = {}
     for agent in agents:
         latest[agent.rank] = agent
-    return list(latest.values())
+    return list(latest.values()), sorted({int(a.first_step) for a in agents if a.first_step is not None})
+
+
+def later_attempt(*, session: Session, job: Job) -> tuple[bool, float | None]:
+    """is_superseded and attempt_span's `until` in one query: (a newer attempt exists, the
+    next attempt's first report)."""
+    row = session.execute(
+        select(Job.attempt, Job.first_seen)
+        .where(Job.job_id == job.job_id, Job.attempt > job.attempt)
+        .order_by(Job.attempt)
+        .limit(1)
+    ).first()
+    if row is None:
+        return False, None
+    attempt, first_seen = row
+    return True, (float(first_seen) if attempt == job.attempt + 1 and first_seen is not None else None)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ def join_tables(parts: list[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostL
     known: dict[tuple[str, int], int] = {}
     pieces: list[dict[str, np.ndarray]] = []
     ends_at_last_op = True
-    host_parts: list[np.ndarray] = []  # each part's host issue times (NaN-filled for parts without)
+    host_parts: list[np.ndarray | int] = []  # each part's host issue times (its length: none)
     while parts:
         table, table_labels = parts.pop(0)
         type_map = np.empty(len(table.op_types), dtype=np.int32)
@@ -56,9 +56,11 @@ def join_tables(parts: list[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostL
             seq_map[local] = known[label]
         columns = {name: getattr(table, name) for name in OpTable.COLUMNS}
         columns["seq_sq"] = _seq_sq(table)
-        host_parts.append(table.host_duration if table.has_host else np.full(len(table), np.nan))
-        if len(table):
-            columns["op_type"] = type_map[table.op_type]
+        # A part without host times adds NaN only: kept as its length until a part has some
+        # (a 4,096-rank window's NaN column was ~0.1 GB to fill and join every pass, for nothing).
+        host_parts.append(table.host_duration if table.has_host else len(table))
+        if len(table) and not np.array_equal(type_map, np.arange(type_map.size)):
+            columns["op_type"] = type_map[table.op_type]  # (the first part's map is the identity)
         host = table.code(O.HOST)
         if host >= 0 and seq_map.size and not np.array_equal(seq_map, np.arange(seq_map.size)):
             seq_id = table.seq_id.copy()
@@ -71,9 +73,13 @@ def join_tables(parts: list[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostL
     joined: dict[str, np.ndarray] = {}
     for name, dtype in OpTable.COLUMNS.items():
         joined[name] = np.concatenate([piece.pop(name) for piece in pieces]).astype(dtype, copy=False)
-    host_duration = np.concatenate(host_parts) if host_parts else np.empty(0)
-    if not np.isfinite(host_duration).any():
-        host_duration = np.empty(0)
+    host_duration = np.empty(0)
+    if any(not isinstance(part, int) for part in host_parts):
+        host_duration = np.concatenate(
+            [np.full(part, np.nan) if isinstance(part, int) else part for part in host_parts]
+        )
+        if not np.isfinite(host_duration).any():
+            host_duration = np.empty(0)
     return (
         OpTable(
             op_types=tuple(op_types), ends_at_last_op=ends_at_last_op, host_duration=host_duration, **joined
