@@ -24,14 +24,13 @@ from schemathesis import GenerationMode
 from smon.v1 import ingest_pb2 as pb
 from smon_server.api.main import create_app
 from smon_server.context import ServerContext
-from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.jobs.loop import analysis_pass
 from smon_server.store import migrate
-from smon_server.store.writes import write_batches
 from tests.support import factories as f
 from tests.support.fuzzing import examples
 from tests.support.fuzzing import fuzz as fuzz_settings
 from tests.support.settings import server_settings
+from tests.support.stored import store_batches
 
 EXAMPLES = examples(40)  # per route, method and kind of input: ~1,500 requests in all
 ODD_EXAMPLES = examples(4)  # per job route, for each job a careless client sent
@@ -62,7 +61,7 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         b.coords.world_size = b.coords.dp_size = 1 << 20
         b.coords.rank = b.coords.dp_rank = r if r < 3 else (1 << 20) - 1
         batches.append(b)
-    write_batches(context.db, [validate_batch(b, Limits()) for b in batches], now=time.time())
+    store_batches(context.db, batches, now=time.time())
     analysis_pass(context, time.time())
     yield create_app(context)
     context.close()

@@ -23,6 +23,7 @@ from tests.api.test_jobs import SLOW_RANK, STEPS, WORLD, analyse, push_job
 from tests.support import factories as f
 from tests.support.heatmaps import downsample
 from tests.support.settings import server_settings
+from tests.support.stored import store_batches
 
 PHASES = ("forward", "backward", "grad_sync", "data_wait", "step_time", "other", "gc", "checkpoint")
 
@@ -107,11 +108,9 @@ def test_steps_outside_the_stored_window_come_from_the_records(
     analyse(server)
     more = f.dp_job_steps(WORLD, range(STEPS, STEPS + 5), origin=time.time() - 10)
     assert server.context is not None
-    from smon_server.ingest.validate import Limits, validate_batch
-    from smon_server.store.writes import write_batches
 
     batches = [f.batch(job_id, r, WORLD, seq=2, steps=more[r]) for r in range(WORLD)]
-    write_batches(server.context.db, [validate_batch(b, Limits()) for b in batches], now=time.time())
+    store_batches(server.context.db, batches, now=time.time())
     url = f"/api/v1/jobs/{job_id}/heatmap"
     fresh = client.get(url, params={"metric": "backward", "from_step": 20, "to_step": STEPS + 4}).json()
     assert fresh == expected(direct(server, job_id, "backward", 20, STEPS + 4), job_id, "backward")

@@ -26,6 +26,7 @@ from smon_server.store.rows import ValidBatch
 from smon_server.store.writes import WriteResult, write_batches
 from tests.support import factories as f
 from tests.support.databases import fresh_database
+from tests.support.stored import store_batches
 
 STEPS = f.dp_job_steps(4, range(20))
 
@@ -199,7 +200,7 @@ def test_records_stored_by_another_route_are_not_stored_twice(db: Database) -> N
 def test_heartbeat_of_a_group_is_the_newest(db: Database) -> None:
     older = f.batch("hb", 0, 1, seq=2, heartbeat=pb.Heartbeat(time=f.T0 + 5, last_step=4, current_step=5))
     newer = f.batch("hb", 0, 1, seq=3, heartbeat=pb.Heartbeat(time=f.T0 + 9, last_step=8, current_step=9))
-    write_batches(db, [validate_batch(b, Limits()) for b in (newer, older)], now=f.T0)
+    store_batches(db, (newer, older), now=f.T0)
     with db.session() as session:
         agent = session.scalars(select(Agent).where(Agent.job_id == "hb")).one()
         assert agent.hb_current_step == 9

@@ -10,15 +10,14 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from smon_server.context import ServerContext
-from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.jobs import loop
 from smon_server.jobs.affinity import SLACK, Work, assign
 from smon_server.store import migrate
 from smon_server.store.replicas import REPLICA_LOCK_CLASS, Membership
-from smon_server.store.writes import write_batches
 from tests.support import factories as f
 from tests.support.databases import fresh_database
 from tests.support.settings import server_settings
+from tests.support.stored import store_batches
 
 
 def fleet(n: int, seed: int = 1) -> list[Work]:
@@ -135,7 +134,7 @@ def test_two_replicas_share_the_jobs_keep_them_and_take_over_when_one_leaves(
         for job in jobs:
             records = f.dp_job_steps(2, steps, origin=f.T0)
             batches += [f.batch(job, r, 2, steps=records[r], seq=steps.start + 1) for r in range(2)]
-        write_batches(contexts[0].db, [validate_batch(b, Limits()) for b in batches], now=t)
+        store_batches(contexts[0].db, batches, now=t)
 
     try:
         for context in contexts:  # both replicas up (one started alone would take every job first)

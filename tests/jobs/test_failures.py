@@ -13,15 +13,14 @@ import httpx
 import pytest
 
 from smon_server.context import ServerContext
-from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import live
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import AnalysisResult
-from smon_server.store.writes import write_batches
 from tests.support import factories as f
 from tests.support.settings import server_settings
+from tests.support.stored import store_batches
 
 WORLD = 2
 
@@ -37,7 +36,7 @@ def server(database_url: str) -> Iterator[BackgroundServer]:
 def _push(context: ServerContext, job: str, steps: range, seq: int, origin: float) -> None:
     records = f.dp_job_steps(WORLD, steps, slow_rank=1, slow_forward=0.02, origin=origin)
     batches = [f.batch(job, r, WORLD, seq=seq, steps=records[r]) for r in range(WORLD)]
-    write_batches(context.db, [validate_batch(b, Limits()) for b in batches], now=time.time())
+    store_batches(context.db, batches, now=time.time())
 
 
 def _result(context: ServerContext, job: str) -> AnalysisResult:

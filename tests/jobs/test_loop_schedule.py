@@ -8,13 +8,12 @@ from collections.abc import Iterator
 import pytest
 
 from smon_server.context import ServerContext
-from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.jobs import loop
 from smon_server.jobs.loop import analysis_pass, pause_after
 from smon_server.store import migrate
-from smon_server.store.writes import write_batches
 from tests.support import factories as f
 from tests.support.settings import server_settings
+from tests.support.stored import store_batches
 
 
 def test_passes_start_an_interval_apart() -> None:
@@ -42,7 +41,7 @@ def test_a_pass_analyses_the_smaller_jobs_first(
         job = names[name] = f.new_job_id(name)
         records = f.dp_job_steps(ranks, range(3), origin=f.T0)
         batches = [f.batch(job, r, ranks, steps=records[r]) for r in range(ranks)]
-        write_batches(context.db, [validate_batch(b, Limits()) for b in batches], now=f.T0 + 1)
+        store_batches(context.db, batches, now=f.T0 + 1)
     order: list[str] = []
 
     def record(ctx: ServerContext, job_id: str, now: float, *, attempt: int | None = None) -> bool:
@@ -64,7 +63,7 @@ def test_a_pass_leases_only_the_jobs_with_news(
 
     def store(job: str, steps: range, now: float, seq: int) -> None:
         batches = [f.batch(job, r, 2, seq=seq, steps=[records[r][s] for s in steps]) for r in range(2)]
-        write_batches(context.db, [validate_batch(b, Limits()) for b in batches], now=now)
+        store_batches(context.db, batches, now=now)
 
     for job in jobs:
         store(job, range(3), f.T0 + 1, 1)

@@ -25,6 +25,7 @@ from smon_server.store.writes import write_batches
 from tests.jobs.test_window_ops import RANKS, WINDOW, _steps
 from tests.support import factories as f
 from tests.support.settings import server_settings
+from tests.support.stored import store_batches
 
 METRICS = ("step_time", "forward", "backward", "gc", "other", "checkpoint", "grad_sync", "data_wait", "nope")
 
@@ -101,7 +102,7 @@ def test_stored_phase_grids_equal_the_records_pass_after_pass(
         batches = [f.batch(job_id, r, RANKS, seq=seq, steps=records[r]) for r in range(3)]
         batches.append(f.batch(job_id, 3, RANKS, seq=seq, steps=held))
         held = records[3]
-        write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin + 1)
+        store_batches(db, batches, now=origin + 1)
         analyse_and_store(db, job_id, settings, origin + 2)
         with db.session() as session:
             job = queries.get_job(session=session, job_id=job_id)
@@ -161,7 +162,7 @@ def test_a_restart_and_a_lost_pass_keep_the_grids_right(
     batches = [
         f.batch(job_id, r, RANKS, steps=again[r], agent_id=f"restarted-{job_id}-{r}") for r in range(RANKS)
     ]
-    write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
+    store_batches(db, batches, now=origin)
     analyse_and_store(db, job_id, settings, origin)
     lo, hi = 55 - WINDOW, 54
     assert stored_steps(db, job_id) == (lo, hi)
@@ -175,7 +176,7 @@ def test_a_restart_and_a_lost_pass_keep_the_grids_right(
         f.batch(job_id, r, RANKS, seq=2, steps=more[r], agent_id=f"restarted-{job_id}-{r}")
         for r in range(RANKS)
     ]
-    write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
+    store_batches(db, batches, now=origin)
     with db.session() as session:
         job = session.get(Job, (job_id, 1))
         assert job is not None
@@ -185,7 +186,7 @@ def test_a_restart_and_a_lost_pass_keep_the_grids_right(
         f.batch(job_id, r, RANKS, seq=3, steps=more[r], agent_id=f"restarted-{job_id}-{r}")
         for r in range(RANKS)
     ]
-    write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
+    store_batches(db, batches, now=origin)
     analyse_and_store(db, job_id, settings, origin)
     first, last = stored_steps(db, job_id) or (None, None)
     assert last == 64 and first is not None and first > 65 - WINDOW  # shorter, never a gap
@@ -229,7 +230,7 @@ def test_binary_copy_stores_the_rows_row_by_row_stored(db: Database, monkeypatch
         records, origin = _steps(0 if seq == 1 else 40, count, origin)
         records[3] = records[3][:-1]  # rank 3's newest step in flight: that step is partial
         batches = [f.batch(job_id, r, RANKS, seq=seq, steps=records[r]) for r in range(RANKS)]
-        write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
+        store_batches(db, batches, now=origin)
         with db.transaction() as session:
             job = session.get(Job, (job_id, 1))
             assert job is not None

@@ -8,13 +8,12 @@ import httpx
 import pytest
 from sqlalchemy import delete
 
-from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import StepRecord
-from smon_server.store.writes import write_batches
 from tests.support import factories as f
 from tests.support.settings import server_settings
+from tests.support.stored import store_batches
 
 RANKS = 4
 CHUNK = 40  # steps per push and per analysis window: each pass sees only the newest 40 steps
@@ -45,7 +44,7 @@ def run_job(server: BackgroundServer, job: str, total: int) -> float:
             origin = max(rec.end_time for r in range(RANKS) for rec in one[r])
         batches = [f.batch(job, r, RANKS, seq=seq, steps=records[r]) for r in range(RANKS)]
         now = origin + 1
-        write_batches(server.context.db, [validate_batch(b, Limits()) for b in batches], now=now)
+        store_batches(server.context.db, batches, now=now)
         analysis_pass(server.context, now)
     return now
 

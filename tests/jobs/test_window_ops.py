@@ -26,6 +26,7 @@ from smon_server.store.writes import write_batches
 from smon_server.whatif.ops import OpTable
 from tests.support import factories as f
 from tests.support.settings import server_settings
+from tests.support.stored import store_batches
 
 RANKS = 4
 WINDOW = 30
@@ -129,7 +130,7 @@ def test_incremental_passes_match_cold_passes(
         batches = [f.batch(job_id, r, RANKS, seq=seq, steps=records[r]) for r in range(3)]
         batches.append(f.batch(job_id, 3, RANKS, seq=seq, steps=held))
         held = records[3]
-        write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin + 1)
+        store_batches(db, batches, now=origin + 1)
         with db.session() as session:
             job = session.get(Job, (job_id, 1))
             assert job is not None
@@ -168,7 +169,7 @@ def test_a_restart_rebuilds_the_window(db: Database, monkeypatch: pytest.MonkeyP
     batches = [
         f.batch(job_id, r, RANKS, steps=again[r], agent_id=f"restarted-{job_id}-{r}") for r in range(RANKS)
     ]
-    write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
+    store_batches(db, batches, now=origin)
     with db.session() as session:
         job = session.get(Job, (job_id, 1))
         assert job is not None
@@ -193,7 +194,7 @@ def test_a_cold_build_in_chunks_matches_one_read_whole(db: Database, monkeypatch
     records[1] = [r for r in records[1] if r.step != 47]  # lost
     records[3] = records[3][:-2]  # in flight
     batches = [f.batch(job_id, r, RANKS, steps=records[r]) for r in range(RANKS)]
-    write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
+    store_batches(db, batches, now=origin)
     results = []
     for chunk in (10_000, 7, 3):
         monkeypatch.setattr(window_reader, "COLD_CHUNK_STEPS", chunk)
@@ -219,7 +220,7 @@ def test_a_kept_table_serves_only_its_own_database(tmp_path: Path, monkeypatch: 
         migrate.upgrade(database)
         records = f.dp_job_steps(RANKS, range(40), slow_rank=slow, slow_forward=0.020)
         batches = [f.batch("twin", r, RANKS, steps=records[r]) for r in range(RANKS)]
-        write_batches(database, [validate_batch(b, Limits()) for b in batches], now=f.T0 + 10)
+        store_batches(database, batches, now=f.T0 + 10)
         settings = server_settings(database.url, warmup_steps=2)
         with database.session() as session:
             job = session.get(Job, ("twin", 1))
@@ -269,7 +270,7 @@ def test_skipped_steps_give_the_table_without_their_rows(
         records, origin = _steps(step, count, origin)
         step += count
         batches = [f.batch(job_id, r, RANKS, seq=seq, steps=records[r]) for r in range(RANKS)]
-        write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin + 1)
+        store_batches(db, batches, now=origin + 1)
         with db.session() as session:
             job = session.get(Job, (job_id, 1))
             assert job is not None
@@ -304,7 +305,7 @@ def test_a_cold_build_chunks_the_steps_that_exist(db: Database, monkeypatch: pyt
         for rec in recs:
             rec.step = numbers[rec.step]
     batches = [f.batch(job_id, r, RANKS, steps=records[r]) for r in range(RANKS)]
-    write_batches(db, [validate_batch(b, Limits()) for b in batches], now=origin)
+    store_batches(db, batches, now=origin)
     reads: list[tuple[int | None, int | None]] = []
     real_read = window_reader.read_window
 

@@ -14,7 +14,6 @@ import pytest
 from sqlalchemy import select
 
 from smon_server.context import ServerContext
-from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.jobs import analysis as job_analysis
 from smon_server.jobs import workers as workers_module
 from smon_server.jobs.loop import analysis_pass
@@ -22,10 +21,10 @@ from smon_server.store import migrate
 from smon_server.store.db import Database
 from smon_server.store.models import AnalysisResult, Job
 from smon_server.store.queries import StepWindow
-from smon_server.store.writes import write_batches
 from tests.support import factories as f
 from tests.support.server_process import free_port, start_server
 from tests.support.settings import server_settings
+from tests.support.stored import store_batches
 
 RANKS = 4
 NOW = f.T0 + 60  # a minute after the steps: the job is still running
@@ -37,7 +36,7 @@ def push(
     """A DP job with rank 2 20 ms slow in forward, written through the store's own writer."""
     records = f.dp_job_steps(RANKS, steps, slow_rank=2, slow_forward=0.020, origin=origin)
     batches = [f.batch(job, r, RANKS, seq=seq, steps=records[r]) for r in range(RANKS)]
-    write_batches(db, [validate_batch(b, Limits()) for b in batches], now=now)
+    store_batches(db, batches, now=now)
 
 
 @pytest.fixture
@@ -164,7 +163,7 @@ def test_big_jobs_have_a_worker_of_their_own(database_url: str, monkeypatch: pyt
         for job in small:
             records = f.dp_job_steps(2, range(40), slow_rank=1, slow_forward=0.020, origin=f.T0)
             batches = [f.batch(job, r, 2, steps=records[r]) for r in range(2)]
-            write_batches(ctx.db, [validate_batch(b, Limits()) for b in batches], now=NOW)
+            store_batches(ctx.db, batches, now=NOW)
         push(ctx.db, big, range(40))
         assert analysis_pass(ctx, NOW) == 3
         workers = ctx.workers

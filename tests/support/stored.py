@@ -3,14 +3,18 @@ packs spans from columns (store/codec.py `pack_span_columns`) and never sizes it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from smon.v1 import ingest_pb2 as pb
+from smon_server.ingest.validate import Limits, validate_batch
 from smon_server.store import codec
+from smon_server.store.db import Database
 from smon_server.store.partitions import PARENT
+from smon_server.store.writes import write_batches
 
 
 def pack_spans(spans: Sequence[codec.SpanTuple]) -> bytes:
@@ -34,3 +38,9 @@ def stored_bytes(session: Session) -> int:
         {"parent": PARENT},
     ).scalar()
     return int(total or 0)
+
+
+def store_batches(db: Database, batches: Iterable[pb.Batch], *, now: float) -> None:
+    """Agents' batches stored as ingest stores them (validated with the default limits), without
+    a server: what a test of the analysis starts from."""
+    write_batches(db, [validate_batch(b, Limits()) for b in batches], now=now)

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from smon_server.store import attempts
+from smon_server.store.models import AnalysisResult, Job
 
 SLACK = 0.25
 
@@ -75,6 +76,11 @@ class Listed:
     first_seen: float
     last_seen: float
     computed_at: float | None  # its stored analysis's, if any
+
+    @classmethod
+    def of(cls, job: Job, stored: AnalysisResult | None) -> Listed:
+        computed = stored.computed_at if stored is not None else None
+        return cls(job.job_id, job.attempt, job.world_size or 0, job.first_seen, job.last_seen, computed)
 
     @property
     def name(self) -> str:

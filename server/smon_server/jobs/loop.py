@@ -102,39 +102,38 @@ def analysis_pass(context: LoopContext, now: float) -> int:
         except Exception:
             log.exception("step record partitions / retention failed; retrying next pass")
     with context.db.session() as session:
-        listed = [
-            affinity.Listed(str(j), int(a), int(size or 0), float(first), float(last), computed)
-            for j, a, size, first, last, computed in session.execute(
-                select(
-                    Job.job_id,
-                    Job.attempt,
-                    Job.world_size,
-                    Job.first_seen,
-                    Job.last_seen,
-                    AnalysisResult.computed_at,
-                ).outerjoin(
+        # Each job attempt with its stored result's scalar columns (the views are deferred): what
+        # the shares and the news below are decided on, read once.
+        stored = {
+            (job.job_id, job.attempt): (job, result)
+            for job, result in session.execute(
+                select(Job, AnalysisResult).outerjoin(
                     AnalysisResult,
                     (AnalysisResult.job_id == Job.job_id) & (AnalysisResult.attempt == Job.attempt),
                 )
             )
-        ]
-    replicas = context.membership.live()
-    shared = affinity.share(listed, context.membership.key, replicas, now, context.settings.analysis_interval)
-    stats = context.analysis_stats
-    stats.replicas.set(len(replicas))
-    stats.jobs_assigned.set(shared.assigned)
-    stats.jobs_taken_over.set(shared.taken_over)
-    if shared.taken_over:
-        log.warning("analysing %d jobs of other replicas whose analyses are overdue", shared.taken_over)
-    # Smallest first: a 4,096-rank job's pass (seconds) does not hold up the refresh of the small
-    # jobs queued behind it on the same worker.
-    ordered = sorted(shared.mine, key=lambda j: j.world_size)
-    mine = [(j.job_id, j.attempt) for j in ordered]
-    big = {(j.job_id, j.attempt) for j in ordered if is_big(j.world_size)}
-    # Only the jobs with news (new steps, a changed state) are leased and analysed, found for all
-    # of them at once: a job with nothing new costs no lease, no transaction, no worker call.
-    with context.db.session() as session:
-        jobs = refresh.with_news(session=session, jobs=mine, settings=context.settings, now=now)
+        }
+        listed = [affinity.Listed.of(job, result) for job, result in stored.values()]
+        replicas = context.membership.live()
+        shared = affinity.share(
+            listed, context.membership.key, replicas, now, context.settings.analysis_interval
+        )
+        stats = context.analysis_stats
+        stats.replicas.set(len(replicas))
+        stats.jobs_assigned.set(shared.assigned)
+        stats.jobs_taken_over.set(shared.taken_over)
+        if shared.taken_over:
+            log.warning("analysing %d jobs of other replicas whose analyses are overdue", shared.taken_over)
+        # Smallest first: a 4,096-rank job's pass (seconds) does not hold up the refresh of the
+        # small jobs queued behind it on the same worker.
+        ordered = sorted(shared.mine, key=lambda j: j.world_size)
+        mine = [(j.job_id, j.attempt) for j in ordered]
+        big = {(j.job_id, j.attempt) for j in ordered if is_big(j.world_size)}
+        # Only the jobs with news (new steps, a changed state) are leased and analysed, found for
+        # all of them at once: a job with nothing new costs no lease, no transaction, no worker call.
+        jobs = refresh.with_news(
+            session=session, listed=[stored[key] for key in mine], settings=context.settings, now=now
+        )
     big &= set(jobs)
     context.db.availability.succeeded()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from smon_server.jobs.liveness import JobState, job_state
@@ -27,28 +26,18 @@ def needs_refresh(
 
 
 def with_news(
-    *, session: Session, jobs: Sequence[tuple[str, int]], settings: Settings, now: float
+    *,
+    session: Session,
+    listed: Sequence[tuple[Job, AnalysisResult | None]],
+    settings: Settings,
+    now: float,
 ) -> list[tuple[str, int]]:
-    """The job attempts of `jobs` (in their order) that needs_refresh would pass, decided for all
-    of them in three queries, not several per job: a pass leases and analyses only these, so a
-    job with nothing new costs (almost) nothing. An attempt with no stored result has news; one
-    gone since it was listed has none. The lease holder asks needs_refresh again, under the lease."""
-    if not jobs:
-        return []
-    found: dict[tuple[str, int], tuple[Job, AnalysisResult | None]] = {}
-    keys = list(dict.fromkeys(jobs))
-    for start in range(0, len(keys), _CHUNK):
-        chunk = keys[start : start + _CHUNK]
-        rows = session.execute(
-            select(Job, AnalysisResult)
-            .outerjoin(
-                AnalysisResult,
-                (AnalysisResult.job_id == Job.job_id) & (AnalysisResult.attempt == Job.attempt),
-            )
-            .where(tuple_(Job.job_id, Job.attempt).in_(chunk))
-        )
-        for job, stored in rows:
-            found[(job.job_id, job.attempt)] = (job, stored)
+    """The job attempts of `listed` (each with its stored result, as the pass listed them; in
+    their order) that needs_refresh would pass, decided for all of them in two queries more, not
+    several per job: a pass leases and analyses only these, so a job with nothing new costs
+    (almost) nothing. An attempt with no stored result has news. The lease holder asks
+    needs_refresh again, under the lease."""
+    found = {(job.job_id, job.attempt): (job, stored) for job, stored in listed}
     news: set[tuple[str, int]] = set()
     quiet: list[tuple[Job, AnalysisResult]] = []
     for key, (job, previous) in found.items():
@@ -74,7 +63,7 @@ def with_news(
         )
         if _state_is_news(state, previous):
             news.add((job.job_id, job.attempt))
-    return [job for job in jobs if job in news]
+    return [key for key in found if key in news]
 
 
 # Job attempts per query of with_news (bound parameters stay well under the drivers' limits).
