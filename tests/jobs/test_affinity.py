@@ -100,7 +100,7 @@ def test_live_replicas_are_the_membership_locks_postgres_holds(postgres_url: str
             e.dispose()
 
 
-def test_the_embedded_database_has_one_replica(tmp_path: object) -> None:
+def test_the_embedded_database_has_one_replica() -> None:
     engine = create_engine("sqlite://")
     member = Membership(engine)
     assert member.live() == [member.key]
