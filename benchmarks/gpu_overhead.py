@@ -316,6 +316,7 @@ def print_report(tag: str, result: dict[str, Any]) -> None:
     elif truth:
         print(
             f"   device truth (steps: {truth['steps']}): SMon's mean over the steps it timed / every step's"
+            " (a block's first step holds the other variants' turn: duration is not comparable)"
         )
         for phase in (*PHASES, "duration"):
             row = truth[phase]

@@ -29,6 +29,9 @@ BLOCK = 4
 SAMPLED_STEP_COST = 2e-4
 BUDGET = 2e-3
 MAX_PERIOD = 64
+# The step times the automatic period follows (their median), and how often it looks (steps).
+WINDOW = 32
+DECIDE_EVERY = 8
 _MASK = (1 << 64) - 1
 
 
@@ -61,7 +64,7 @@ class DeviceSampling:
         self.period = max(1, int(period)) if period is not None else 1
         self._block = -1
         self._timed = True
-        self._mean = 0.0  # exponentially weighted host step time, seconds
+        self._recent: list[float] = []  # the last WINDOW host step times, a ring
         self._steps = 0
 
     def timed(self, step: int) -> bool:
@@ -74,12 +77,25 @@ class DeviceSampling:
         return self._timed
 
     def observe(self, step_seconds: float) -> None:
-        """One step's host duration. `auto` moves the period only when the mean step time is
-        20% clear of the boundary between two periods, so that ranks near one do not flip."""
+        """One step's host duration. `auto` follows the *median* of the last WINDOW steps: what a
+        timed step costs is set against the typical step, so an evaluation, a checkpoint or a pause
+        between steps (a mean would take a 2 s pause every 20 steps of 6 ms for a 100 ms step, and
+        time every step) does not move it. The period moves only when the median is 20% clear of
+        the boundary between two periods, so that ranks near one do not flip."""
         if self.fixed or step_seconds <= 0:
             return
+        recent = self._recent
+        if len(recent) < WINDOW:
+            recent.append(step_seconds)
+        else:
+            recent[self._steps % WINDOW] = step_seconds
         self._steps += 1
-        self._mean += (step_seconds - self._mean) / min(self._steps, 32)
-        want = period_for(self._mean)
-        if want != self.period and period_for(self._mean * 0.8) == want == period_for(self._mean * 1.2):
+        if self._steps % DECIDE_EVERY:
+            return
+        typical = sorted(recent)[len(recent) // 2]
+        want = period_for(typical)
+        if want == self.period:
+            return
+        # Keep the period while it is one the median's ±20% band maps to; else take the median's.
+        if not period_for(typical * 1.2) <= self.period <= period_for(typical * 0.8):
             self.period = want

@@ -83,6 +83,21 @@ def test_auto_period_follows_the_step_time_with_hysteresis() -> None:
     assert sampling.period == 1
 
 
+def test_auto_period_follows_the_typical_step_not_its_pauses() -> None:
+    """A 2 s pause every 20 steps of 6 ms (an evaluation; another model's turn in an interleaved
+    benchmark, where the H200 run at ef787b5 saw this) makes the mean step ~100 ms: the period
+    stays the one of a 6 ms step, and starts there from 1 even though 6 ms is near a boundary."""
+    assert period_for(0.006 * 0.8) != period_for(0.006 * 1.2)  # near a boundary
+    sampling = DeviceSampling()
+    for step in range(400):
+        sampling.observe(2.0 if step % 20 == 19 else 0.006)
+    assert sampling.period == period_for(0.006) == 32
+    # a job whose steps really do slow down moves with them
+    for _ in range(64):
+        sampling.observe(0.05)
+    assert sampling.period == period_for(0.05) == 2
+
+
 def _loop(cuda: FakeCuda, clock: CudaClock, ingest, attach_fast, steps: int, chunk: int = 20):
     """`steps` steps in chunks: after each, the device catches up (every event completes) and the
     test waits until the agent has shipped what it timed, so at most a chunk's events are ever in
