@@ -88,3 +88,23 @@ def test_a_pass_leases_only_the_jobs_with_news(
     leased.clear()
     assert analysis_pass(context, f.T0 + 11 + 2 * stall) == 0
     assert leased == []
+
+
+def test_the_lag_says_how_stale_the_jobs_with_news_are(context: ServerContext) -> None:
+    """`smon_analysis_lag_seconds`: at a pass, the age of the stalest stored analysis among the jobs
+    with news (since first seen when never analysed); 0 when nothing waits."""
+    stats = context.analysis_stats
+    job = f.new_job_id("lag")
+    records = f.dp_job_steps(2, range(6), origin=f.T0)
+    store_batches(context.db, [f.batch(job, r, 2, steps=records[r][:3]) for r in range(2)], now=f.T0 + 1)
+    assert analysis_pass(context, f.T0 + 40) == 1
+    # never analysed before: since the job was first seen (its first batch, at T0 + 1)
+    assert stats.lag_seconds._value.get() == pytest.approx(39.0, abs=1.0)
+    assert stats.interval_seconds._value.get() == context.settings.analysis_interval
+    assert analysis_pass(context, f.T0 + 50) == 0  # no news: nothing waits
+    assert stats.lag_seconds._value.get() == 0.0
+    store_batches(
+        context.db, [f.batch(job, r, 2, steps=records[r][3:], seq=2) for r in range(2)], now=f.T0 + 60
+    )
+    assert analysis_pass(context, f.T0 + 100) == 1
+    assert stats.lag_seconds._value.get() == pytest.approx(60.0)  # computed at T0 + 40

@@ -72,6 +72,8 @@ async def analysis_loop(context: LoopContext, stop: asyncio.Event, wake: asyncio
             context.db.availability.failed(exc, "analysis passes skipped")
         except Exception:
             log.exception("analysis pass failed; retrying next interval")
+        else:
+            context.analysis_stats.pass_seconds.observe(time.monotonic() - started)
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait(
@@ -81,6 +83,14 @@ async def analysis_loop(context: LoopContext, stop: asyncio.Event, wake: asyncio
             )
         for waiter in waiters:
             waiter.cancel()
+
+
+def analysis_lag(with_news: list[tuple[Job, AnalysisResult | None]], now: float) -> float:
+    """How old the stalest stored analysis among the jobs with news is: since it was computed, or
+    since the job was first seen when it has none. A replica that keeps up holds it near the
+    interval plus a pass; one past its size lets it grow (rules.yml: SMonAnalysisBehind)."""
+    ages = [now - (result.computed_at if result is not None else job.first_seen) for job, result in with_news]
+    return max(ages, default=0.0)
 
 
 def pause_after(interval: float, took: float) -> float:
@@ -136,6 +146,8 @@ def analysis_pass(context: LoopContext, now: float) -> int:
         )
     big &= set(jobs)
     context.db.availability.succeeded()
+    stats.interval_seconds.set(context.settings.analysis_interval)
+    stats.lag_seconds.set(analysis_lag([stored[key] for key in jobs], now))
 
     def one(job: tuple[str, int]) -> bool:
         job_id, attempt = job
