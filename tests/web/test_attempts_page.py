@@ -86,3 +86,26 @@ def test_the_newest_attempt_is_shown_and_an_older_one_can_be_picked(
     page.wait_for_function("() => !location.search.includes('attempt=')")
     assert page.get_by_test_id("attempt").input_value() == "2"
     assert not [e for e in page.errors if "Failed to load resource" not in e], page.errors
+
+
+def test_a_busy_or_slow_window_says_so_not_that_the_database_is_down(
+    restarted: tuple[BackgroundServer, str], page: Any
+) -> None:
+    """The server answers a zoomed window 503 when it analyses as many windows as it runs at once,
+    and 504 past SMON_WINDOW_ANALYSIS_TIMEOUT (jobs/windows.py): the banner gives its words, not
+    the database outage a 503 of api/main.py means."""
+    server, job = restarted
+    answers = {
+        503: "2 analyses of other step windows are running, the most one server runs at once; retry",
+        504: "the analysis of this step window took longer than SMON_WINDOW_ANALYSIS_TIMEOUT (30 s)",
+    }
+    for status, detail in answers.items():
+        reply = {"status": status, "json": {"detail": detail}, "headers": {"Retry-After": "5"}}
+        page.route("**/heatmap?*", lambda route, request, reply=reply: route.fulfill(**reply))
+        page.goto(f"{server.http_url}/jobs/{quote(job, safe='')}?from_step=5&to_step=20")
+        banner = page.get_by_role("alert").filter(has_text="the heatmap")
+        banner.wait_for(timeout=30_000)
+        text = banner.inner_text()
+        assert detail in text and "database" not in text, text
+        assert "retries on its own" in text
+        page.unroute("**/heatmap?*")

@@ -141,7 +141,10 @@ export async function request<T>(path: string, params: Params = {}, init: Reques
     } catch {
       // not JSON: keep the status text
     }
-    if (response.status === 503) detail = `The server's database is unavailable (${detail}). Retrying.`;
+    // A 503 is the database away (api/main.py) or, for a zoomed step window, the server already
+    // analysing as many windows as it runs at once (jobs/windows.py): only the first is the database.
+    if (response.status === 503 && detail.startsWith("database unavailable"))
+      detail = `The server's database is unavailable (${detail}). Retrying.`;
     throw new ApiError(response.status, detail);
   }
   return (await response.json()) as T;

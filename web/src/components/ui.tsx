@@ -30,7 +30,7 @@ export function ErrorBanner({ error, what }: { error: ApiError | null; what: str
   const hint =
     error.status === 0
       ? "Check that `smon server` is running and reachable from this browser."
-      : error.status === 503
+      : error.status === 503 || error.status === 504
         ? "SMon keeps the last numbers on screen and retries on its own."
         : error.needsToken
           ? "This server needs an API token (SMON_API_TOKEN)."
