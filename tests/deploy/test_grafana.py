@@ -98,7 +98,10 @@ def test_dashboard_model(dashboard: Dashboard) -> None:
 
 
 def test_queries_name_exported_metrics(dashboard: Dashboard, db: Database) -> None:
-    exported = {m.decode() for m in re.findall(rb"^# TYPE (\w+) ", exposition(db), flags=re.M)}
+    text = exposition(db)
+    exported = {m.decode() for m in re.findall(rb"^# TYPE (\w+) ", text, flags=re.M)}
+    # counters are queried as _total, histograms as their _bucket / _sum / _count series
+    exported |= {m.decode() for m in re.findall(rb"^(\w+)[{ ]", text, flags=re.M)}
     exported |= {f"{m}_total" for m in exported} | {"ALERTS"}
     used = {m for e in exprs(dashboard) for m in re.findall(r"\b(smon_\w+|ALERTS)\b", e)}
     assert used and used <= exported, used - exported
