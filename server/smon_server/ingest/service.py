@@ -20,7 +20,8 @@ import hmac
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -33,6 +34,7 @@ from smon_server.ingest.validate import BatchRejected, Limits, validate_batch
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.store.db import DATABASE_UNAVAILABLE
 from smon_server.store.rows import ValidBatch
+from smon_server.store.writes import WriteResult
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ MAX_FLUSH_SECONDS = 10.0
 # A batch that waits longer than this from arrival to commit means the replica is past its
 # capacity: its Ack asks the agent to hold back for about that long (Ack.throttle_seconds).
 OVERLOAD_SECONDS = 1.0
+
+_AckT = TypeVar("_AckT", pb.Ack, pb.HostAck)
 
 
 class _Refused(Exception):
@@ -82,7 +86,8 @@ class IngestService:
         batches_per_second: float = 0.0,
     ) -> None:
         self.batches_per_second = batches_per_second
-        self.streams = 0  # agent streams open now
+        self.streams = 0  # agent streams open now (a host relay's stream counts as one)
+        self.host_streams = 0  # of which host relays' streams (StreamHost)
         self._dephase = random.Random()
         self._latency = 0.0  # arrival to commit of recent batches, seconds (EWMA)
         self.rates = rates
@@ -101,6 +106,9 @@ class IngestService:
             {
                 "Stream": grpc.stream_stream_rpc_method_handler(self.stream, response_serializer=serialize),
                 "Push": grpc.unary_unary_rpc_method_handler(self.push, response_serializer=serialize),
+                "StreamHost": grpc.stream_stream_rpc_method_handler(
+                    self.stream_host, response_serializer=pb.HostAck.SerializeToString
+                ),
                 "Clock": grpc.unary_unary_rpc_method_handler(
                     self.clock_rpc,
                     request_deserializer=pb.ClockRequest.FromString,
@@ -136,16 +144,42 @@ class IngestService:
                 # would otherwise flush in the same second of every interval.
                 hold = self._dephase.uniform(0.0, flush)
                 yield pb.Ack(flush_seconds=flush, step_tables=True, throttle_seconds=hold)
-            async for ack in self._stream(requests, context):
+            async for ack in self._stream(requests, context, self._handle):
                 yield ack
         finally:
             self.streams -= 1
             self.stats.streams.set(self.streams)
 
-    async def _stream(
+    async def stream_host(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.Ack]:
-        handled: asyncio.Queue[asyncio.Task[pb.Ack] | None] = asyncio.Queue()
+    ) -> AsyncIterator[pb.HostAck]:
+        """A host relay's stream (agent/smon/relay.py): each HostBatch carries several ranks'
+        batches and is answered by one HostAck once all of them are settled. It is one stream to
+        flow control (flush_seconds counts it once, throttle_seconds holds the whole host), and its
+        parts share one parse of the message, one pass through the group committer and one Ack
+        message, where N direct streams pay each of those N times."""
+        await self._authenticate(context)
+        self.streams += 1
+        self.host_streams += 1
+        self.stats.streams.set(self.streams)
+        try:
+            if flush := self.flush_seconds():
+                hold = self._dephase.uniform(0.0, flush)
+                yield pb.HostAck(flush_seconds=flush, throttle_seconds=hold)
+            async for ack in self._stream(requests, context, self._handle_host):
+                yield ack
+        finally:
+            self.streams -= 1
+            self.host_streams -= 1
+            self.stats.streams.set(self.streams)
+
+    async def _stream(
+        self,
+        requests: AsyncIterator[bytes],
+        context: grpc.aio.ServicerContext,
+        handle: Callable[[bytes], Awaitable[_AckT]],
+    ) -> AsyncIterator[_AckT]:
+        handled: asyncio.Queue[asyncio.Task[_AckT] | None] = asyncio.Queue()
         # A task is made only once there is room: a reader stopped while it waits leaves no batch
         # being stored with nobody to ack it.
         room = asyncio.Semaphore(STREAM_READ_AHEAD)
@@ -154,7 +188,7 @@ class IngestService:
             try:
                 async for request in requests:
                     await room.acquire()
-                    handled.put_nowait(asyncio.ensure_future(self._handle(request)))
+                    handled.put_nowait(asyncio.ensure_future(handle(request)))
             finally:
                 handled.put_nowait(None)
 
@@ -218,6 +252,70 @@ class IngestService:
         except DecodeError as exc:
             self.stats.rejected.labels(MALFORMED).inc()
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed smon.v1.Batch: {exc}") from exc
+        admitted = self._admit(batch)
+        if isinstance(admitted, pb.Ack):
+            return admitted
+        valid, hold = admitted
+        outcome: WriteResult | BaseException
+        try:
+            outcome = await self.committer.write(valid)
+        except Exception as exc:
+            outcome = exc
+        overload = self._overload_seconds(time.monotonic() - arrived)
+        return self._acked(batch, outcome, hold, overload)
+
+    async def _handle_host(self, request: bytes) -> pb.HostAck:
+        """Settle every part of a HostBatch: each is parsed, validated and refused alone, the valid
+        ones go to the committer together (one group), and the HostAck answers them in part order.
+        A database that is away fails the whole message (the relay's ranks resend, as on Stream)."""
+        arrived = time.monotonic()
+        try:
+            host = pb.HostBatch.FromString(request)
+        except DecodeError as exc:
+            self.stats.rejected.labels(MALFORMED).inc()
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed smon.v1.HostBatch: {exc}") from exc
+        acks: list[pb.Ack | None] = [None] * len(host.parts)
+        admitted: list[tuple[int, pb.Batch, ValidBatch, float]] = []
+        for index, part in enumerate(host.parts):
+            try:
+                batch = pb.Batch.FromString(part)
+            except DecodeError as exc:
+                self.stats.rejected.labels(MALFORMED).inc()
+                rejection = pb.Rejection(
+                    kind="batch", index=-1, reason=MALFORMED, detail=f"malformed smon.v1.Batch: {exc}"
+                )
+                acks[index] = pb.Ack(rejections=[rejection], step_tables=True)
+                continue
+            outcome = self._admit(batch)
+            if isinstance(outcome, pb.Ack):
+                acks[index] = outcome
+            else:
+                admitted.append((index, batch, *outcome))
+        results: list[WriteResult | BaseException] = []
+        if admitted:
+            results = await self.committer.write_many([valid for _, _, valid, _ in admitted])
+        overload = self._overload_seconds(time.monotonic() - arrived) if admitted else 0.0
+        refused: _Refused | None = None
+        certain = True
+        for (index, batch, _, hold), result in zip(admitted, results, strict=True):
+            try:
+                acks[index] = self._acked(batch, result, hold, overload)
+            except _Refused as exc:
+                refused = refused or exc
+                certain = certain and exc.certain
+        if refused is not None:
+            # A part stored beside one that was not goes unacked too: its resend is a duplicate.
+            stored = any(not isinstance(result, BaseException) for result in results)
+            raise _Refused(refused.code, refused.details, certain=certain and not stored)
+        return pb.HostAck(
+            seq=host.seq,
+            acks=acks,
+            throttle_seconds=max((a.throttle_seconds for a in acks if a is not None), default=0.0),
+            flush_seconds=self.flush_seconds(),
+        )
+
+    def _admit(self, batch: pb.Batch) -> tuple[ValidBatch, float] | pb.Ack:
+        """The batch's storable rows and how long its agent must hold back, or an Ack refusing it."""
         try:
             valid = validate_batch(batch, self.limits)
         except BatchRejected as rejected:
@@ -228,20 +326,27 @@ class IngestService:
         hold = self.rates.take(valid.agent_id, valid.accepted) if self.rates is not None else 0.0
         if hold is None:
             return self._refuse_whole(batch, RATE_LIMITED, "records per second far past the agent's limit")
-        try:
-            result = await self.committer.write(valid)
-        except StorageRefused as refused:
-            return self._refuse_whole(batch, STORAGE_REFUSED, str(refused))
-        except DATABASE_UNAVAILABLE as exc:  # the outage log says so, once (store/availability.py)
-            self.committer.db.availability.failed(exc, "ingest batches refused")
-            raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later") from exc
-        except OutcomeUnknown as unknown:
-            self.committer.db.availability.failed(unknown.cause, "ingest batches refused")
+        return valid, hold
+
+    def _acked(
+        self, batch: pb.Batch, outcome: WriteResult | BaseException, hold: float, overload: float
+    ) -> pb.Ack:
+        """The Ack of a batch the committer settled, or _Refused when it must be resent."""
+        if isinstance(outcome, StorageRefused):
+            return self._refuse_whole(batch, STORAGE_REFUSED, str(outcome))
+        if isinstance(outcome, DATABASE_UNAVAILABLE):  # the outage log says so, once (store/availability.py)
+            self.committer.db.availability.failed(outcome, "ingest batches refused")
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later") from outcome
+        if isinstance(outcome, OutcomeUnknown):
+            self.committer.db.availability.failed(outcome.cause, "ingest batches refused")
             raise _Refused(
                 grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later", certain=False
-            ) from unknown
-        except Exception as exc:  # logged with its traceback by the committer
-            raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage failed; resend later") from exc
+            ) from outcome
+        if isinstance(outcome, asyncio.CancelledError):
+            raise outcome
+        if isinstance(outcome, BaseException):  # logged with its traceback by the committer
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage failed; resend later") from outcome
+        result = outcome
         if result.conflict:
             detail = f"seq {batch.seq} of agent {batch.agent_id} was stored before with other records"
             return self._refuse_whole(batch, SEQ_REUSED, detail)
@@ -253,7 +358,6 @@ class IngestService:
             self.on_final()
         flush = self.flush_seconds()
         self.stats.flush_seconds.set(flush)
-        overload = self._overload_seconds(time.monotonic() - arrived)
         return pb.Ack(
             agent_id=valid.agent_id,
             seq=valid.seq,
@@ -296,8 +400,8 @@ class IngestService:
 
 
 async def _settle_read_ahead(
-    reader: asyncio.Task[None], handled: asyncio.Queue[asyncio.Task[pb.Ack] | None]
-) -> tuple[list[pb.Ack], bool]:
+    reader: asyncio.Task[None], handled: asyncio.Queue[asyncio.Task[_AckT] | None]
+) -> tuple[list[_AckT], bool]:
     """Stop reading; of the batches read ahead, withdraw those no writer holds and wait for the
     rest. Returns the Acks of those that were stored (an Ack names its seq: order is free), and
     whether every other one is certainly not stored."""
@@ -307,9 +411,10 @@ async def _settle_read_ahead(
     tasks = [t for t in _drain(handled) if t is not None]
     for task in tasks:
         task.cancel()
-    acks, certain = [], True
+    acks: list[_AckT] = []
+    certain = True
     for outcome in await asyncio.gather(*tasks, return_exceptions=True):
-        if isinstance(outcome, pb.Ack):
+        if isinstance(outcome, (pb.Ack, pb.HostAck)):
             acks.append(outcome)
         elif isinstance(outcome, _Refused):
             certain = certain and outcome.certain
@@ -318,14 +423,14 @@ async def _settle_read_ahead(
     return acks, certain
 
 
-def _drain(handled: asyncio.Queue[asyncio.Task[pb.Ack] | None]) -> list[asyncio.Task[pb.Ack] | None]:
+def _drain(handled: asyncio.Queue[asyncio.Task[_AckT] | None]) -> list[asyncio.Task[_AckT] | None]:
     drained = []
     while not handled.empty():
         drained.append(handled.get_nowait())
     return drained
 
 
-def _retrieve(task: asyncio.Task[pb.Ack]) -> None:
+def _retrieve(task: asyncio.Task[pb.Ack] | asyncio.Task[pb.HostAck]) -> None:
     if not task.cancelled():
         task.exception()
 
