@@ -110,7 +110,9 @@ class Relay:
         path = address.removeprefix("unix:")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a previous attempt's relay of this job, gone without cleaning up
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="smon-relay"))
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="smon-relay")
+        )
         self._server.add_generic_rpc_handlers((self._handler(),))
         if not self._server.add_insecure_port(address):
             raise OSError(f"cannot listen on {address}")
@@ -168,7 +170,9 @@ class Relay:
         if self._refused is not None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{RELAY_REFUSED} {self._refused}")
         if self._offset is None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"{RELAY_UPSTREAM} no clock estimate from the server yet")
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"{RELAY_UPSTREAM} no clock estimate from the server yet"
+            )
         return pb.ClockReply(agent_time=request.agent_time, server_time=time.time() + (self._offset or 0.0))
 
     def _member_stream(self, requests: Iterator[bytes], context: Any) -> Iterator[pb.Ack]:
@@ -188,7 +192,7 @@ class Relay:
                         everyone = len({m for m, _ in self._pending}) >= len(self._members)
                     if everyone:
                         self._wake.set()
-            except Exception:  # noqa: S110 - the rank's stream ended (cancelled, cut): seen below
+            except Exception:  # the rank's stream ended (cancelled, cut): the loop below sees it
                 pass
             finally:
                 member.acks.put(None)
@@ -246,7 +250,10 @@ class Relay:
         try:
             stub = pb_grpc.IngestStub(channel)
             self._offset = estimate_offset(
-                stub, samples=self._config.clock_samples, timeout=self._config.rpc_timeout, metadata=self._metadata
+                stub,
+                samples=self._config.clock_samples,
+                timeout=self._config.rpc_timeout,
+                metadata=self._metadata,
             ).offset
             call = stub.StreamHost(self._bundles(ended), metadata=self._metadata)
             with self._lock:
@@ -266,7 +273,9 @@ class Relay:
 
                 details = exc.details() if hasattr(exc, "details") else str(exc)
                 self._end_all(
-                    _End(grpc.StatusCode.UNAVAILABLE, f"{RELAY_UPSTREAM} {code}: {details}", says_unstored(exc))
+                    _End(
+                        grpc.StatusCode.UNAVAILABLE, f"{RELAY_UPSTREAM} {code}: {details}", says_unstored(exc)
+                    )
                 )
         finally:
             ended.set()

@@ -127,7 +127,9 @@ def main() -> int:
     return 0
 
 
-def _start_relay(config: AgentConfig, coords: pb.Coordinates, errors: ErrorCounter) -> tuple[Relay | None, str | None]:
+def _start_relay(
+    config: AgentConfig, coords: pb.Coordinates, errors: ErrorCounter
+) -> tuple[Relay | None, str | None]:
     """With the relay on (smon/relay.py): LOCAL_RANK 0 runs the host's relay, and every rank ships
     to it. A relay that cannot start leaves its rank direct (the others go direct when it does not
     answer)."""

@@ -12,11 +12,11 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from smon.config import AgentConfig
 from smon.outlet import ProcessOutlet
@@ -67,7 +67,7 @@ def _stored(server: BackgroundServer) -> list[tuple[int, int]]:
         return [(r, s) for r, s in session.execute(select(StepRecord.rank, StepRecord.step))]
 
 
-def _wait(predicate, timeout: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
+def _wait(predicate: Callable[[], object], timeout: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -152,8 +152,10 @@ def test_a_server_without_stream_host_gets_each_ranks_own_stream(ingest: IngestS
         for outlet, records in zip(outlets, per_rank.values(), strict=True):
             _send(outlet, records)
         log = ingest.servicer
-        assert log.wait_for(lambda s: len([b for b in s.snapshot() if b.steps]) >= 2 and
-                            len(s.steps()) == ranks * steps, timeout=20)
+        assert log.wait_for(
+            lambda s: len([b for b in s.snapshot() if b.steps]) >= 2 and len(s.steps()) == ranks * steps,
+            timeout=20,
+        )
         assert _wait(lambda: not any(_status(o, "via_relay") for o in outlets))
     finally:
         for outlet in reversed(outlets):

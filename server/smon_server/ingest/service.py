@@ -307,10 +307,11 @@ class IngestService:
             # A part stored beside one that was not goes unacked too: its resend is a duplicate.
             stored = any(not isinstance(result, BaseException) for result in results)
             raise _Refused(refused.code, refused.details, certain=certain and not stored)
+        answered = [ack for ack in acks if ack is not None]  # every part has its Ack by now
         return pb.HostAck(
             seq=host.seq,
-            acks=acks,
-            throttle_seconds=max((a.throttle_seconds for a in acks if a is not None), default=0.0),
+            acks=answered,
+            throttle_seconds=max((a.throttle_seconds for a in answered), default=0.0),
             flush_seconds=self.flush_seconds(),
         )
 
