@@ -30,7 +30,7 @@ from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest import wire
 from smon_server.ingest.commits import GroupCommitter, OutcomeUnknown, StorageRefused
 from smon_server.ingest.limits import ActiveJobs, AgentRates
-from smon_server.ingest.validate import BatchRejected, Limits, validate_batch
+from smon_server.ingest.validate import BatchRejected, Limits, validate_batch, validate_parts
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.store.db import DATABASE_UNAVAILABLE
 from smon_server.store.rows import ValidBatch
@@ -275,18 +275,21 @@ class IngestService:
             self.stats.rejected.labels(MALFORMED).inc()
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed smon.v1.HostBatch: {exc}") from exc
         acks: list[pb.Ack | None] = [None] * len(host.parts)
-        admitted: list[tuple[int, pb.Batch, ValidBatch, float]] = []
+        parsed: list[tuple[int, pb.Batch]] = []
         for index, part in enumerate(host.parts):
             try:
-                batch = pb.Batch.FromString(part)
+                parsed.append((index, pb.Batch.FromString(part)))
             except DecodeError as exc:
                 self.stats.rejected.labels(MALFORMED).inc()
                 rejection = pb.Rejection(
                     kind="batch", index=-1, reason=MALFORMED, detail=f"malformed smon.v1.Batch: {exc}"
                 )
                 acks[index] = pb.Ack(rejections=[rejection], step_tables=True)
-                continue
-            outcome = self._admit(batch)
+        # The parts' StepTables checked as one set of columns where they fit together.
+        checked = validate_parts([batch for _, batch in parsed], self.limits)
+        admitted: list[tuple[int, pb.Batch, ValidBatch, float]] = []
+        for (index, batch), valid in zip(parsed, checked, strict=True):
+            outcome = self._admit(batch, valid)
             if isinstance(outcome, pb.Ack):
                 acks[index] = outcome
             else:
@@ -315,12 +318,18 @@ class IngestService:
             flush_seconds=self.flush_seconds(),
         )
 
-    def _admit(self, batch: pb.Batch) -> tuple[ValidBatch, float] | pb.Ack:
-        """The batch's storable rows and how long its agent must hold back, or an Ack refusing it."""
-        try:
-            valid = validate_batch(batch, self.limits)
-        except BatchRejected as rejected:
-            return self._refuse_whole(batch, rejected.reason, rejected.detail)
+    def _admit(
+        self, batch: pb.Batch, valid: ValidBatch | BatchRejected | None = None
+    ) -> tuple[ValidBatch, float] | pb.Ack:
+        """The batch's storable rows (validated here unless `valid` is its outcome already) and how
+        long its agent must hold back, or an Ack refusing it."""
+        if valid is None:
+            try:
+                valid = validate_batch(batch, self.limits)
+            except BatchRejected as rejected:
+                valid = rejected
+        if isinstance(valid, BatchRejected):
+            return self._refuse_whole(batch, valid.reason, valid.detail)
         if self.jobs is not None and not self.jobs.admit(valid.job_id):
             detail = f"{self.jobs.max_jobs} other jobs are reporting (SMON_INGEST_MAX_JOBS)"
             return self._refuse_whole(batch, TOO_MANY_JOBS, detail)
