@@ -69,9 +69,14 @@ def _check(parts: list[pb.Batch], limits: v.Limits) -> list[ValidBatch | v.Batch
 def test_clean_parts_are_read_as_one_table_and_come_back_as_each_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls = []
+    calls: list[int] = []
     real = record_columns.from_table
-    monkeypatch.setattr(record_columns, "from_table", lambda t: calls.append(t.records) or real(t))
+
+    def counted(table: pb.StepTable) -> record_columns.RecordColumns:
+        calls.append(table.records)
+        return real(table)
+
+    monkeypatch.setattr(record_columns, "from_table", counted)
     merged = v.validate_parts(_host(f.new_job_id()), v.Limits())
     assert calls == [17]  # one read of all four parts' records
     monkeypatch.setattr(record_columns, "from_table", real)

@@ -88,6 +88,7 @@ class IngestService:
         self.batches_per_second = batches_per_second
         self.streams = 0  # agent streams open now (a host relay's stream counts as one)
         self.host_streams = 0  # of which host relays' streams (StreamHost)
+        self._host_parts = 0  # the batches of each host stream's latest message, summed
         self._dephase = random.Random()
         self._latency = 0.0  # arrival to commit of recent batches, seconds (EWMA)
         self.rates = rates
@@ -162,15 +163,26 @@ class IngestService:
         self.streams += 1
         self.host_streams += 1
         self.stats.streams.set(self.streams)
+        weight = 1  # this stream's ranks, as its latest message counted them
+        self._host_parts += weight
+
+        async def handle(request: bytes) -> pb.HostAck:
+            nonlocal weight
+            ack = await self._handle_host(request)
+            self._host_parts += max(1, len(ack.acks)) - weight
+            weight = max(1, len(ack.acks))
+            return ack
+
         try:
             if flush := self.flush_seconds():
                 hold = self._dephase.uniform(0.0, flush)
                 yield pb.HostAck(flush_seconds=flush, throttle_seconds=hold)
-            async for ack in self._stream(requests, context, self._handle_host):
+            async for ack in self._stream(requests, context, handle):
                 yield ack
         finally:
             self.streams -= 1
             self.host_streams -= 1
+            self._host_parts -= weight
             self.stats.streams.set(self.streams)
 
     async def _stream(
@@ -231,10 +243,13 @@ class IngestService:
 
     def flush_seconds(self) -> float:
         """The flush interval to ask agents for: open streams over the batches a second this
-        replica takes, when that is over a second (agents flush every second by default)."""
+        replica takes, when that is over a second (agents flush every second by default). A host
+        relay's stream counts as the ranks it carries (the parts of its latest message): each
+        part is a batch the writers store, and a replica sized for N direct ranks then asks the
+        same interval of N relayed ones, whose batches cost it less (docs/server.md)."""
         if self.batches_per_second <= 0:
             return 0.0
-        wanted = self.streams / self.batches_per_second
+        wanted = (self.streams - self.host_streams + self._host_parts) / self.batches_per_second
         return 0.0 if wanted <= 1.0 else min(MAX_FLUSH_SECONDS, round(wanted, 1))
 
     def _overload_seconds(self, waited: float) -> float:
