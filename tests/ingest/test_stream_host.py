@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -13,6 +15,7 @@ from smon.v1 import ingest_pb2_grpc as pb_grpc
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Agent, IngestedBatch, StepRecord
 from tests.support import factories as f
+from tests.support.settings import server_settings
 
 
 def _count(server: BackgroundServer, model: type) -> int:
@@ -22,8 +25,22 @@ def _count(server: BackgroundServer, model: type) -> int:
 
 
 def _host_acks(server: BackgroundServer, *messages: pb.HostBatch) -> list[pb.HostAck]:
+    """The HostAcks of `messages` sent on one stream, each once the one before is answered (the
+    server reads ahead: sent at once, two messages could be committed in either order)."""
+    answered = threading.Semaphore(0)
+
+    def requests() -> Iterator[pb.HostBatch]:
+        for i, message in enumerate(messages):
+            if i:
+                answered.acquire(timeout=10)
+            yield message
+
+    acks = []
     with grpc.insecure_channel(server.grpc_target) as channel:
-        return list(pb_grpc.IngestStub(channel).StreamHost(iter(messages), timeout=30))
+        for ack in pb_grpc.IngestStub(channel).StreamHost(requests(), timeout=30):
+            acks.append(ack)
+            answered.release()
+    return acks
 
 
 def test_each_part_is_stored_acked_and_refused_alone(server: BackgroundServer) -> None:
@@ -82,3 +99,17 @@ def test_a_malformed_host_message_is_invalid_argument(server: BackgroundServer) 
         with pytest.raises(grpc.RpcError) as info:
             list(call(iter([b"\xff\xff\xff garbage"]), timeout=10))
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_host_stream_counts_as_its_ranks_in_the_flush_interval(sqlite_url: str) -> None:
+    """Flow control per host stream: one stream, but a replica that takes one batch a second asks
+    a relay carrying four ranks to flush every 4 s, as it would ask four direct ranks."""
+    job = f.new_job_id()
+    per_rank = f.dp_job_steps(4, range(2))
+    four = [f.batch(job, r, 4, steps=per_rank[r]).SerializeToString() for r in range(4)]
+    one = [f.batch(job, 0, 4, seq=2, steps=per_rank[0][:1]).SerializeToString()]
+    settings = server_settings(sqlite_url, ingest_batches_per_second=1.0)
+    with BackgroundServer(settings) as running:
+        acks = _host_acks(running, pb.HostBatch(seq=1, parts=four), pb.HostBatch(seq=2, parts=one))
+    assert [a.seq for a in acks] == [1, 2]  # no opening HostAck: one stream is within 1 batch/s
+    assert [a.flush_seconds for a in acks] == [4.0, 0.0]  # then the relay carried one rank

@@ -166,12 +166,13 @@ class IngestService:
         weight = 1  # this stream's ranks, as its latest message counted them
         self._host_parts += weight
 
-        async def handle(request: bytes) -> pb.HostAck:
+        def weigh(parts: int) -> None:
             nonlocal weight
-            ack = await self._handle_host(request)
-            self._host_parts += max(1, len(ack.acks)) - weight
-            weight = max(1, len(ack.acks))
-            return ack
+            self._host_parts += max(1, parts) - weight
+            weight = max(1, parts)
+
+        async def handle(request: bytes) -> pb.HostAck:
+            return await self._handle_host(request, weigh)
 
         try:
             if flush := self.flush_seconds():
@@ -279,7 +280,7 @@ class IngestService:
         overload = self._overload_seconds(time.monotonic() - arrived)
         return self._acked(batch, outcome, hold, overload)
 
-    async def _handle_host(self, request: bytes) -> pb.HostAck:
+    async def _handle_host(self, request: bytes, weigh: Callable[[int], None] | None = None) -> pb.HostAck:
         """Settle every part of a HostBatch: each is parsed, validated and refused alone, the valid
         ones go to the committer together (one group), and the HostAck answers them in part order.
         A database that is away fails the whole message (the relay's ranks resend, as on Stream)."""
@@ -289,6 +290,8 @@ class IngestService:
         except DecodeError as exc:
             self.stats.rejected.labels(MALFORMED).inc()
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed smon.v1.HostBatch: {exc}") from exc
+        if weigh is not None:
+            weigh(len(host.parts))  # the stream's ranks, for flush_seconds
         acks: list[pb.Ack | None] = [None] * len(host.parts)
         parsed: list[tuple[int, pb.Batch]] = []
         for index, part in enumerate(host.parts):
