@@ -3,7 +3,7 @@
 Why: the server pays a fixed cost per message (~600-760 µs of one GIL-bound core per batch,
 docs/storage.md), whatever it holds; 16,384 ranks each flushing once a second cannot fit one
 replica. A relay turns a host's N small batches a flush into one `HostBatch` on one
-`Ingest.StreamHost` stream (DESIGN §4; docs/agent.md "Host relay").
+`Ingest.StreamHost` stream (docs/agent.md "Host relay").
 
 How: the sidecar of LOCAL_RANK 0 (smon/sidecar.py) runs a `Relay`, a small gRPC server on a Unix
 socket whose path comes from the job, host and server (`relay_address`). Every sidecar of the
