@@ -401,10 +401,10 @@ class SimRelay:
 
 
 async def relayed_fleet(
-    target: str, agents: list[SimAgent], duration: float, warmup: float, ranks_per_host: int
+    target: str, agents: list[SimAgent], duration: float, warmup: float, ranks_per_host: int, per_channel: int
 ) -> Figures:
-    """The fleet as hosts of `ranks_per_host` ranks, each host one relay stream (one channel each);
-    hosts start spread over one flush interval."""
+    """The fleet as hosts of `ranks_per_host` ranks, each host one relay stream, `per_channel`
+    relays a channel (1: a connection each, as hosts); hosts start spread over one flush interval."""
     figures = Figures()
     start = time.perf_counter() + 1.0
     stop = start + warmup + duration
@@ -413,11 +413,19 @@ async def relayed_fleet(
     for relay in relays:
         for agent in relay.agents:
             agent.coords.host = f"host-{relay.agents[0].rank // ranks_per_host}"
-    channels = [grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in relays]
+    channels = [
+        grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in range(0, len(relays), per_channel)
+    ]
     try:
         await asyncio.gather(
             *(
-                r.run(channels[i], start + spread * i / len(relays), stop, start + warmup, figures)
+                r.run(
+                    channels[i // per_channel],
+                    start + spread * i / len(relays),
+                    stop,
+                    start + warmup,
+                    figures,
+                )
                 for i, r in enumerate(relays)
             )
         )
@@ -468,7 +476,9 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
             target = f"127.0.0.1:{grpc_port}"
             if args.ranks_per_host > 1:
                 figures = asyncio.run(
-                    relayed_fleet(target, agents, args.duration, args.warmup, args.ranks_per_host)
+                    relayed_fleet(
+                        target, agents, args.duration, args.warmup, args.ranks_per_host, args.per_channel
+                    )
                 )
             else:
                 figures = asyncio.run(fleet(target, agents, args.duration, args.warmup, args.per_channel))
@@ -533,7 +543,7 @@ def main() -> None:
         "--per-channel",
         type=int,
         default=1,
-        help="agents sharing one channel (1: a connection each, as ranks)",
+        help="agents (with --ranks-per-host: relays) sharing one channel (1: a connection each, as ranks)",
     )
     parser.add_argument(
         "--ranks-per-host",
