@@ -342,7 +342,10 @@ class SimRelay:
                 async for ack in call:
                     on_ack(ack)
             except grpc.RpcError as exc:
-                figures.error_codes[f"{exc.code()}: {exc.details()}"] += 1
+                late = time.perf_counter() - stop
+                early = 5 * int(-late // 5)
+                when = "after the end" if late > 0 else f"{early}-{early + 5} s before the end"
+                figures.error_codes[f"{exc.code()}: {exc.details()} ({when})"] += 1
 
         method = channel.stream_stream(
             "/smon.v1.Ingest/StreamHost", request_serializer=None, response_deserializer=pb.HostAck.FromString

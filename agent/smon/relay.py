@@ -102,6 +102,7 @@ class Relay:
         self._offset: float | None = None  # server clock - this host's clock
         self._flush_seconds = 0.0
         self._hold_until = 0.0
+        self._in_trouble = False  # the upstream failed since it last had a HostAck (said once)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._call: Any = None
@@ -259,6 +260,9 @@ class Relay:
             with self._lock:
                 self._call = call
             for host_ack in call:
+                if not acked and self._in_trouble:
+                    self._in_trouble = False
+                    logger.info("smon: this host's relay reached %s again", self._config.server)
                 acked = True
                 self._on_host_ack(host_ack)
             self._end_all(_End(grpc.StatusCode.UNAVAILABLE, f"{RELAY_UPSTREAM} stream ended"))
@@ -272,6 +276,15 @@ class Relay:
                 from smon.shipper import says_unstored
 
                 details = exc.details() if hasattr(exc, "details") else str(exc)
+                if not self._in_trouble:  # the ranks say nothing of the relay's troubles: it does
+                    self._in_trouble = True
+                    logger.warning(
+                        "smon: this host's relay cannot reach SMon server at %s (%s: %s); retrying in "
+                        "the background, training is unaffected",
+                        self._config.server,
+                        code,
+                        details,
+                    )
                 self._end_all(
                     _End(
                         grpc.StatusCode.UNAVAILABLE, f"{RELAY_UPSTREAM} {code}: {details}", says_unstored(exc)
