@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from smon.config import AgentConfig
+from smon.config import AgentConfig, resolve_config
 from smon.outlet import ProcessOutlet
 from smon.relay import relay_address
 from smon.v1 import ingest_pb2 as pb
@@ -161,3 +161,22 @@ def test_a_server_without_stream_host_gets_each_ranks_own_stream(ingest: IngestS
         for outlet in reversed(outlets):
             outlet.close(3.0, final=True)
     assert {b.agent_id for b in ingest.servicer.snapshot() if b.steps} == {o.agent_id for o in outlets}
+
+
+@pytest.mark.parametrize(
+    ("relay", "local_world_size", "on"),
+    [
+        ("", "8", True),
+        ("", "1", False),
+        ("", "", False),
+        ("off", "8", False),
+        ("on", "", True),
+        ("maybe", "4", True),
+    ],
+)
+def test_the_relay_is_on_where_a_host_runs_several_ranks(
+    monkeypatch: pytest.MonkeyPatch, relay: str, local_world_size: str, on: bool
+) -> None:
+    monkeypatch.setenv("SMON_AGENT_RELAY", relay)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+    assert resolve_config().relay is on
