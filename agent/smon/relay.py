@@ -41,7 +41,7 @@ from typing import Any
 import grpc
 
 from smon.clock_offset import estimate_offset
-from smon.config import AgentConfig
+from smon.config import AgentConfig, env_int
 from smon.errors import ErrorCounter
 from smon.v1 import ingest_pb2 as pb
 from smon.v1 import ingest_pb2_grpc as pb_grpc
@@ -111,9 +111,10 @@ class Relay:
         path = address.removeprefix("unix:")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a previous attempt's relay of this job, gone without cleaning up
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="smon-relay")
-        )
+        # A thread per rank's stream for as long as it lasts, and some for Clock calls.
+        ranks = env_int("LOCAL_WORLD_SIZE") or 8
+        pool = futures.ThreadPoolExecutor(max_workers=2 * ranks + 16, thread_name_prefix="smon-relay")
+        self._server = grpc.server(pool, maximum_concurrent_rpcs=None)
         self._server.add_generic_rpc_handlers((self._handler(),))
         if not self._server.add_insecure_port(address):
             raise OSError(f"cannot listen on {address}")
