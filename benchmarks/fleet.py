@@ -282,6 +282,162 @@ async def fleet(
     return figures
 
 
+class SimRelay:
+    """One host's relay (smon/relay.py), paced: each flush interval it takes one batch from each of
+    its ranks (their records since the last, else a heartbeat) and forwards them, serialized as the
+    ranks cut them, as the parts of one `HostBatch` on its own `Ingest.StreamHost` stream; a
+    HostAck settles them all. Unacked HostBatches are resent after a reconnect (the server stores
+    each part once), the HostAck's `throttle_seconds` / `flush_seconds` apply to the whole host.
+    The send->Ack time is measured from the HostBatch's send (a rank's batch waits up to one more
+    flush interval at a real relay before it leaves)."""
+
+    def __init__(self, agents: list[SimAgent]) -> None:
+        self.agents = agents
+        self.config = agents[0].config
+        self.seq = 0
+        self.flush_seconds = 0.0
+        self.hold_until = 0.0
+
+    def bundle(self, now: float, t0: float, origin: float, dropped: list[int]) -> tuple[bytes, int]:
+        parts, steps = [], 0
+        for i, agent in enumerate(self.agents):
+            made = agent.steps_made(now - t0)
+            queued = made - agent.sent_steps
+            if queued > QUEUE_SIZE:
+                dropped[i] += queued - QUEUE_SIZE
+                agent.sent_steps = made - QUEUE_SIZE
+            upto = min(made, agent.sent_steps + self.config.max_batch_records)
+            steps += upto - agent.sent_steps
+            parts.append(agent.batch(time.time(), origin, upto, dropped[i]))
+        self.seq += 1
+        return pb.HostBatch(seq=self.seq, parts=parts).SerializeToString(), steps
+
+    async def run(
+        self, channel: grpc.aio.Channel, start: float, stop: float, measure_from: float, figures: Figures
+    ) -> None:
+        cfg = self.config
+        origin = time.time()
+        t0 = time.perf_counter()
+        unacked: dict[int, tuple[bytes, float, int]] = {}  # host seq -> (payload, first sent, steps)
+        dropped = [0] * len(self.agents)
+
+        def on_ack(ack: pb.HostAck) -> None:
+            self.flush_seconds = ack.flush_seconds
+            if ack.throttle_seconds > 0:
+                figures.throttled += 1
+                hold = min(ack.throttle_seconds, MAX_THROTTLE_SECONDS)
+                self.hold_until = max(self.hold_until, time.perf_counter() + hold)
+            entry = unacked.pop(ack.seq, None)  # seq 0: the server's word as the stream opens
+            if entry is None:
+                return
+            _, at, steps = entry
+            if at >= measure_from:
+                figures.latencies.append(time.perf_counter() - at)
+                figures.batches += len(ack.acks)
+                figures.steps += steps
+                figures.refused += sum(a.rejected for a in ack.acks)
+
+        async def read_acks(call: Any) -> None:
+            try:
+                async for ack in call:
+                    on_ack(ack)
+            except grpc.RpcError as exc:
+                late = time.perf_counter() - stop
+                early = 5 * int(-late // 5)
+                when = "after the end" if late > 0 else f"{early}-{early + 5} s before the end"
+                figures.error_codes[f"{exc.code()}: {exc.details()} ({when})"] += 1
+
+        method = channel.stream_stream(
+            "/smon.v1.Ingest/StreamHost", request_serializer=None, response_deserializer=pb.HostAck.FromString
+        )
+        call: Any = None
+        failures = 0
+
+        async def open_stream() -> asyncio.Task[None]:
+            nonlocal call, failures
+            if call is not None:
+                figures.reconnects += 1
+                failures += 1
+                await asyncio.sleep(backoff_delay(failures, cfg.backoff_base, cfg.backoff_cap))
+            call = method()
+            reader = asyncio.create_task(read_acks(call))
+            with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                for payload, _, _ in list(unacked.values()):
+                    figures.resent += 1
+                    await call.write(payload)
+            return reader
+
+        await asyncio.sleep(max(0.0, start - time.perf_counter()))
+        reader = await open_stream()
+        last = time.perf_counter()
+        while (now := time.perf_counter()) < stop:
+            if reader.done():
+                reader = await open_stream()
+                continue
+            flush, _ = flush_policy(cfg, self.flush_seconds)
+            wake = max(last + flush, self.hold_until)
+            if now < wake:
+                await asyncio.sleep(max(0.001, min(wake, stop) - now))
+                continue
+            if len(unacked) >= 8:  # smon.relay.MAX_IN_FLIGHT
+                await asyncio.sleep(0.05)
+                continue
+            payload, steps = self.bundle(now, t0, origin, dropped)
+            unacked[self.seq] = (payload, now, steps)
+            with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+                await call.write(payload)
+            last = now
+        deadline = time.perf_counter() + 30.0
+        while unacked and time.perf_counter() < deadline:
+            if reader.done():
+                reader = await open_stream()
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+            await call.done_writing()
+        figures.lost += sum(n for _, _, n in unacked.values())
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        if self.flush_seconds:
+            figures.flush_seconds.append(self.flush_seconds)
+        figures.dropped += sum(dropped)
+
+
+async def relayed_fleet(
+    target: str, agents: list[SimAgent], duration: float, warmup: float, ranks_per_host: int, per_channel: int
+) -> Figures:
+    """The fleet as hosts of `ranks_per_host` ranks, each host one relay stream, `per_channel`
+    relays a channel (1: a connection each, as hosts); hosts start spread over one flush interval."""
+    figures = Figures()
+    start = time.perf_counter() + 1.0
+    stop = start + warmup + duration
+    spread = agents[0].config.flush_interval if agents else 1.0
+    relays = [SimRelay(agents[i : i + ranks_per_host]) for i in range(0, len(agents), ranks_per_host)]
+    for relay in relays:
+        for agent in relay.agents:
+            agent.coords.host = f"host-{relay.agents[0].rank // ranks_per_host}"
+    channels = [
+        grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in range(0, len(relays), per_channel)
+    ]
+    try:
+        await asyncio.gather(
+            *(
+                r.run(
+                    channels[i // per_channel],
+                    start + spread * i / len(relays),
+                    stop,
+                    start + warmup,
+                    figures,
+                )
+                for i, r in enumerate(relays)
+            )
+        )
+    finally:
+        for channel in channels:
+            await channel.close()
+    return figures
+
+
 def stored_bytes(conninfo: str) -> tuple[int, int, dict[str, int]]:
     """(bytes of every table of the schema, indexes and TOAST included; steps stored; by table)."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -320,9 +476,15 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
             }
             seen = set(backends_of(database))
             started = time.perf_counter()
-            figures = asyncio.run(
-                fleet(f"127.0.0.1:{grpc_port}", agents, args.duration, args.warmup, args.per_channel)
-            )
+            target = f"127.0.0.1:{grpc_port}"
+            if args.ranks_per_host > 1:
+                figures = asyncio.run(
+                    relayed_fleet(
+                        target, agents, args.duration, args.warmup, args.ranks_per_host, args.per_channel
+                    )
+                )
+            else:
+                figures = asyncio.run(fleet(target, agents, args.duration, args.warmup, args.per_channel))
             wall = time.perf_counter() - started
             seen |= set(backends_of(database))
             cpu = {
@@ -355,6 +517,7 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
         "throttled": figures.throttled,
         "flush": statistics.median(figures.flush_seconds) if figures.flush_seconds else config.flush_interval,
         "cpu_server": cpu["server"] / all_batches * 1e6,
+        "cpu_server_step": cpu["server"] / max(1, sum(a.sent_steps for a in agents)) * 1e6,
         "cpu_pg": cpu["backends"] / all_batches * 1e6,
         "cpu_client": cpu["client"] / all_batches * 1e6,
         "cores_server": cpu["server"] / wall,
@@ -383,7 +546,13 @@ def main() -> None:
         "--per-channel",
         type=int,
         default=1,
-        help="agents sharing one channel (1: a connection each, as ranks)",
+        help="agents (with --ranks-per-host: relays) sharing one channel (1: a connection each, as ranks)",
+    )
+    parser.add_argument(
+        "--ranks-per-host",
+        default="1",
+        help="comma-separated K: 1, each agent its own stream; K > 1, hosts of K ranks, each host's "
+        "batches on one relay stream (Ingest.StreamHost, smon/relay.py)",
     )
     parser.add_argument("--server-log", default="", help="keep the server's output in this file")
     parser.add_argument("--stop-after-fail", action="store_true", help="stop at the first size that fails")
@@ -402,8 +571,16 @@ def main() -> None:
         f"{'srv cores':>9} {'pg cores':>8} {'gen cores':>9} {'B/step':>7} {'ledger':>6} {'load':>5}"
     )
     best = 0
-    for n in (int(x) for x in args.agents.split(",")):
+    hosts = [int(k) for k in str(args.ranks_per_host).split(",")]
+    for n, k in ((int(x), k) for x in args.agents.split(",") for k in hosts):
+        args.ranks_per_host = k
         r = one_level(n, args, config)
+        if len(hosts) > 1 or k > 1:
+            print(
+                f"  {k} rank(s) a host ({'relay streams' if k > 1 else 'direct streams'}): server "
+                f"{r['cpu_server_step']:.0f} us CPU per step sent, {r['cores_server']:.2f} cores, "
+                f"load {r['load']:.1f}"
+            )
         print(
             f"{n:>7} {r['batches_s']:>8,.0f} {r['steps_s']:>8,.0f} {r['p50'] * 1000:>7.0f} "
             f"{r['p99'] * 1000:>7.0f} {r['refused']:>7.0f} {r['dropped']:>7.0f} "

@@ -59,6 +59,11 @@ class AgentConfig:
     # Device clocks time blocks of steps chosen one in `device_sampling` (a power of two; 1: every
     # step), or None: chosen from the step time (sampling.py). SMON_AGENT_DEVICE_SAMPLING=auto|N.
     device_sampling: int | None = None
+    # Ship through the host's relay (smon/relay.py: LOCAL_RANK 0's shipper carries the host's
+    # batches on one stream). SMON_AGENT_RELAY=on|off|auto; auto: on where LOCAL_WORLD_SIZE > 1.
+    relay: bool = False
+    # A rank that cannot reach its relay this long ships directly (SMON_AGENT_RELAY_FALLBACK).
+    relay_fallback: float = 5.0
 
 
 def env_flag(name: str) -> bool:
@@ -134,7 +139,21 @@ def resolve_config(
         device_sampling=_device_sampling(
             os.environ.get("SMON_AGENT_DEVICE_SAMPLING", "") if device_sampling is None else device_sampling
         ),
+        relay=_relay(os.environ.get("SMON_AGENT_RELAY", "")),
+        relay_fallback=_pick(None, "SMON_AGENT_RELAY_FALLBACK", d.relay_fallback),
     )
+
+
+def _relay(raw: str) -> bool:
+    """on / off, or auto (the default): on when this host runs several ranks (LOCAL_WORLD_SIZE)."""
+    value = raw.strip().lower() or "auto"
+    if value in ("1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    if value != "auto":
+        logger.warning("smon: ignoring SMON_AGENT_RELAY=%r (on, off or auto)", raw)
+    return (env_int("LOCAL_WORLD_SIZE") or 1) > 1
 
 
 def _device_sampling(raw: int | str) -> int | None:

@@ -59,6 +59,7 @@ class LocalOutlet:
         errors: ErrorCounter,
         *,
         agent_id: str | None = None,
+        relay: str | None = None,
     ) -> None:
         from smon.record_queue import RecordQueue
         from smon.shipper import Shipper
@@ -78,6 +79,7 @@ class LocalOutlet:
             errors,
             agent_id=self.agent_id,
             upstream=self._upstream_counters,
+            relay=relay,
         )
         self.shipper.start()
 
@@ -117,6 +119,7 @@ class LocalOutlet:
             "errors": self._errors.count,
             "queued": s.local_queued(),
             "connected": s.connected,
+            "via_relay": s.via_relay,
         }
 
     def detach_in_fork_child(self) -> None:

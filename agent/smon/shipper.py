@@ -87,12 +87,23 @@ _AUTH_CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMIS
 UNSTORED_METADATA = ("smon-unacked-not-stored", "1")
 
 
-def _says_unstored(exc: grpc.RpcError) -> bool:
+def says_unstored(exc: grpc.RpcError) -> bool:
     try:
         trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     except Exception:
         return False
     return any(tuple(pair) == UNSTORED_METADATA for pair in trailing or ())
+
+
+def open_channel(config: AgentConfig, target: str | None = None) -> grpc.Channel:
+    """A channel to the server, or to `target` (a host relay's Unix socket: no TLS, it never
+    leaves the host)."""
+    if target is not None:
+        return grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    if not config.tls:
+        return grpc.insecure_channel(config.server, options=CHANNEL_OPTIONS)
+    roots = Path(config.tls_ca_file).read_bytes() if config.tls_ca_file else None  # None: system roots
+    return grpc.secure_channel(config.server, grpc.ssl_channel_credentials(roots), options=CHANNEL_OPTIONS)
 
 
 def flush_policy(config: AgentConfig, asked: float) -> tuple[float, float]:
@@ -131,8 +142,13 @@ class Shipper:
         *,
         agent_id: str | None = None,
         upstream: Callable[[], pb.AgentCounters] | None = None,
+        relay: str | None = None,
     ) -> None:
         self.agent_id = agent_id or uuid.uuid4().hex
+        # The host relay's address (smon/relay.py), or None: this agent's own stream to the server.
+        self._relay = relay
+        self._relay_trouble_since: float | None = None
+        self.went_direct = False
         self._upstream = upstream  # counters of the training process feeding this shipper
         self._config = config
         self._records = records
@@ -289,11 +305,37 @@ class Shipper:
                 self._closing.wait(delay)  # close() cuts the wait short for a last flush attempt
 
     def _channel(self) -> grpc.Channel:
-        cfg = self._config
-        if not cfg.tls:
-            return grpc.insecure_channel(cfg.server, options=CHANNEL_OPTIONS)
-        roots = Path(cfg.tls_ca_file).read_bytes() if cfg.tls_ca_file else None  # None: system roots
-        return grpc.secure_channel(cfg.server, grpc.ssl_channel_credentials(roots), options=CHANNEL_OPTIONS)
+        return open_channel(self._config, self._relay)
+
+    @property
+    def via_relay(self) -> bool:
+        """Whether batches go to the host's relay now (False: this agent's own stream)."""
+        return self._relay is not None
+
+    def _relay_failed(self, exc: grpc.RpcError) -> None:
+        """Leave the relay for a direct stream, for good, when it refuses (the server lacks
+        StreamHost) or cannot be reached for `relay_fallback` seconds (its process is gone). A relay
+        that answers but whose server is away is waited for, as the server would be."""
+        from smon.relay import RELAY_REFUSED, RELAY_UPSTREAM
+
+        details = (exc.details() if hasattr(exc, "details") else "") or ""
+        if details.startswith(RELAY_REFUSED):
+            self._go_direct(details)
+            return
+        if details.startswith(RELAY_UPSTREAM):
+            self._relay_trouble_since = None
+            return
+        now = time.monotonic()
+        if self._relay_trouble_since is None:
+            self._relay_trouble_since = now
+        elif now - self._relay_trouble_since >= self._config.relay_fallback:
+            self._go_direct(f"the host's relay has not answered for {now - self._relay_trouble_since:.1f}s")
+
+    def _go_direct(self, why: str) -> None:
+        logger.info("smon: shipping directly to %s (%s)", self._config.server, why)
+        self._relay = None
+        self.went_direct = True
+        self._failures = 0
 
     def _session(self) -> bool:
         session = _Session()
@@ -315,13 +357,17 @@ class Shipper:
             for ack in call:
                 if not session.acked:
                     self._end_trouble()
+                    self._relay_trouble_since = None
                 session.acked = True
                 self._connected = True
                 self._on_ack(ack)
             session.verdict = True  # a stream that ends cleanly has acked all it read
         except grpc.RpcError as exc:
-            session.verdict = _says_unstored(exc)
-            self._on_rpc_error(exc)
+            session.verdict = says_unstored(exc)
+            if self._relay is not None:
+                self._relay_failed(exc)  # the relay's troubles are its own to report
+            else:
+                self._on_rpc_error(exc)
         finally:
             with self._lock:
                 if not session.verdict:

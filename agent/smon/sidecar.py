@@ -26,6 +26,7 @@ from smon.config import AgentConfig
 from smon.errors import ErrorCounter
 from smon.outlet import LocalOutlet
 from smon.pipe_protocol import CONTROL, ENVELOPE, read_frame
+from smon.relay import Relay, relay_address
 from smon.v1 import ingest_pb2 as pb
 
 logger = logging.getLogger("smon")
@@ -84,7 +85,8 @@ def main() -> int:
     logger.propagate = False
 
     errors = ErrorCounter()
-    outlet = LocalOutlet(config, coords, errors, agent_id=spec["agent_id"])
+    relay, target = _start_relay(config, coords, errors)
+    outlet = LocalOutlet(config, coords, errors, agent_id=spec["agent_id"], relay=target)
     status = _StatusWriter(outlet)
     close_request: dict[str, Any] | None = None
     try:
@@ -117,9 +119,32 @@ def main() -> int:
     delivered = False
     with contextlib.suppress(_Terminated):
         delivered = outlet.close(timeout, final=final)
+    if relay is not None:
+        with contextlib.suppress(_Terminated):
+            relay.close(timeout)  # the host's other ranks are closing too: their last batches
     status.stop()
     status.write(done=True, delivered=delivered)
     return 0
+
+
+def _start_relay(
+    config: AgentConfig, coords: pb.Coordinates, errors: ErrorCounter
+) -> tuple[Relay | None, str | None]:
+    """With the relay on (smon/relay.py): LOCAL_RANK 0 runs the host's relay, and every rank ships
+    to it. A relay that cannot start leaves its rank direct (the others go direct when it does not
+    answer)."""
+    if not config.relay:
+        return None, None
+    address = relay_address(coords.job, coords.host, config.server)
+    if coords.local_rank != 0:
+        return None, address
+    try:
+        relay = Relay(config, address, errors)
+        relay.start()
+    except Exception as exc:
+        errors.report("relay", exc)
+        return None, None
+    return relay, address
 
 
 def run() -> None:

@@ -295,6 +295,26 @@ class Ack(_message.Message):
     flush_seconds: float
     def __init__(self, agent_id: _Optional[str] = ..., seq: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., rejections: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ..., duplicate: _Optional[bool] = ..., throttle_seconds: _Optional[float] = ..., step_tables: _Optional[bool] = ..., flush_seconds: _Optional[float] = ...) -> None: ...
 
+class HostBatch(_message.Message):
+    __slots__ = ("seq", "parts")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    parts: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, seq: _Optional[int] = ..., parts: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class HostAck(_message.Message):
+    __slots__ = ("seq", "acks", "throttle_seconds", "flush_seconds")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    acks: _containers.RepeatedCompositeFieldContainer[Ack]
+    throttle_seconds: float
+    flush_seconds: float
+    def __init__(self, seq: _Optional[int] = ..., acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ..., throttle_seconds: _Optional[float] = ..., flush_seconds: _Optional[float] = ...) -> None: ...
+
 class ClockRequest(_message.Message):
     __slots__ = ("agent_time",)
     AGENT_TIME_FIELD_NUMBER: _ClassVar[int]

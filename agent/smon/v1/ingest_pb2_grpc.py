@@ -49,6 +49,11 @@ class IngestStub:
                 request_serializer=smon_dot_v1_dot_ingest__pb2.ClockRequest.SerializeToString,
                 response_deserializer=smon_dot_v1_dot_ingest__pb2.ClockReply.FromString,
                 _registered_method=True)
+        self.StreamHost = channel.stream_stream(
+                '/smon.v1.Ingest/StreamHost',
+                request_serializer=smon_dot_v1_dot_ingest__pb2.HostBatch.SerializeToString,
+                response_deserializer=smon_dot_v1_dot_ingest__pb2.HostAck.FromString,
+                _registered_method=True)
 
 
 class IngestServicer:
@@ -76,6 +81,17 @@ class IngestServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamHost(self, request_iterator, context):
+        """A host's relay (the shipper of one rank, smon/relay.py) streams the batches of that host's
+        ranks, several in one HostBatch; the server answers each HostBatch with one HostAck once all
+        its parts are settled. Each part is an ordinary Batch of its own agent: dedup by (agent_id,
+        seq), rejections, `final`, heartbeats and counters keep their meaning per rank. A server
+        without it answers UNIMPLEMENTED, and the ranks then stream their own batches (Stream).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IngestServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +109,11 @@ def add_IngestServicer_to_server(servicer, server):
                     servicer.Clock,
                     request_deserializer=smon_dot_v1_dot_ingest__pb2.ClockRequest.FromString,
                     response_serializer=smon_dot_v1_dot_ingest__pb2.ClockReply.SerializeToString,
+            ),
+            'StreamHost': grpc.stream_stream_rpc_method_handler(
+                    servicer.StreamHost,
+                    request_deserializer=smon_dot_v1_dot_ingest__pb2.HostBatch.FromString,
+                    response_serializer=smon_dot_v1_dot_ingest__pb2.HostAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +197,33 @@ class Ingest:
             '/smon.v1.Ingest/Clock',
             smon_dot_v1_dot_ingest__pb2.ClockRequest.SerializeToString,
             smon_dot_v1_dot_ingest__pb2.ClockReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamHost(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/smon.v1.Ingest/StreamHost',
+            smon_dot_v1_dot_ingest__pb2.HostBatch.SerializeToString,
+            smon_dot_v1_dot_ingest__pb2.HostAck.FromString,
             options,
             channel_credentials,
             insecure,

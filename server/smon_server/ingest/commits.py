@@ -114,7 +114,8 @@ class GroupCommitter:
         self.max_group_records = max_group_records
         self.max_pending_records = max_pending_records
         self.clock = clock
-        self._items: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        # An entry is one batch, or a host's batches (write_many), which a writer takes together.
+        self._items: queue.SimpleQueue[_Item | list[_Item] | None] = queue.SimpleQueue()
         self._pending = 0  # records taken in and not yet settled (event loop only)
         self._room: asyncio.Event | None = None  # set whenever pending records go down
         self._claims = threading.Lock()  # an item is taken by a writer or withdrawn, never both
@@ -185,6 +186,44 @@ class GroupCommitter:
             self._pending -= item.records
             room.set()
 
+    async def write_many(self, batches: list[ValidBatch]) -> list[WriteResult | BaseException]:
+        """Store a host's batches (ingest/service.py, StreamHost) in one group: they enter the
+        queue as one entry, so a writer takes them together and pays a group's cost once for them
+        all. Returns each batch's outcome, an exception where it was not stored (as write() raises)."""
+        if not self._threads:
+            raise RuntimeError("GroupCommitter.start() was not called")
+        if not batches:
+            return []
+        loop = asyncio.get_running_loop()
+        room = self._room = self._room or asyncio.Event()
+        items = [_Item(batch, loop.create_future(), loop) for batch in batches]
+        for item in items:
+            item.future.add_done_callback(_retrieve)
+        records = sum(item.records for item in items)
+        while not (self._pending == 0 or self._pending + records <= self.max_pending_records):
+            room.clear()
+            await room.wait()
+        self._pending += records
+        try:
+            self._items.put(items)
+            futures = [asyncio.shield(item.future) for item in items]
+            try:
+                return list(await asyncio.gather(*futures, return_exceptions=True))
+            except asyncio.CancelledError:
+                # Those no writer took are withdrawn; the rest are waited for, as write() does.
+                withdrawn = [self._claim(item, "withdrawn") for item in items]
+                if all(withdrawn):
+                    raise
+            taken = [item.future for item, gone in zip(items, withdrawn, strict=True) if not gone]
+            await asyncio.gather(*(asyncio.shield(f) for f in taken), return_exceptions=True)
+            return [
+                asyncio.CancelledError() if gone else _outcome(item.future)
+                for item, gone in zip(items, withdrawn, strict=True)
+            ]
+        finally:
+            self._pending -= records
+            room.set()
+
     def _claim(self, item: _Item, state: str) -> bool:
         """Move a queued item to `state` ("taken" or "withdrawn"); False if it left the queue."""
         with self._claims:
@@ -202,12 +241,13 @@ class GroupCommitter:
                 return
             group: list[_Item] = []
             records, stop = 0, False
-            item: _Item | None = first
+            item: _Item | list[_Item] | None = first
             until = time.monotonic() + self.linger_seconds
             while item is not None:
-                if self._claim(item, "taken"):  # a withdrawn one is skipped
-                    group.append(item)
-                    records += item.records
+                for one in item if isinstance(item, list) else (item,):
+                    if self._claim(one, "taken"):  # a withdrawn one is skipped
+                        group.append(one)
+                        records += one.records
                 if records >= self.max_group_records:
                     break
                 try:
@@ -302,6 +342,12 @@ class GroupCommitter:
 def _retrieve(future: asyncio.Future[WriteResult]) -> None:
     if not future.cancelled():
         future.exception()
+
+
+def _outcome(future: asyncio.Future[WriteResult]) -> WriteResult | BaseException:
+    if future.cancelled():
+        return asyncio.CancelledError()
+    return future.exception() or future.result()
 
 
 def _settle(future: asyncio.Future[WriteResult], result: WriteResult | BaseException) -> None:

@@ -20,7 +20,8 @@ import hmac
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -29,10 +30,11 @@ from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest import wire
 from smon_server.ingest.commits import GroupCommitter, OutcomeUnknown, StorageRefused
 from smon_server.ingest.limits import ActiveJobs, AgentRates
-from smon_server.ingest.validate import BatchRejected, Limits, validate_batch
+from smon_server.ingest.validate import BatchRejected, Limits, validate_batch, validate_parts
 from smon_server.metrics.ingest_stats import IngestStats
 from smon_server.store.db import DATABASE_UNAVAILABLE
 from smon_server.store.rows import ValidBatch
+from smon_server.store.writes import WriteResult
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ MAX_FLUSH_SECONDS = 10.0
 # A batch that waits longer than this from arrival to commit means the replica is past its
 # capacity: its Ack asks the agent to hold back for about that long (Ack.throttle_seconds).
 OVERLOAD_SECONDS = 1.0
+
+_AckT = TypeVar("_AckT", pb.Ack, pb.HostAck)
 
 
 class _Refused(Exception):
@@ -82,7 +86,9 @@ class IngestService:
         batches_per_second: float = 0.0,
     ) -> None:
         self.batches_per_second = batches_per_second
-        self.streams = 0  # agent streams open now
+        self.streams = 0  # agent streams open now (a host relay's stream counts as one)
+        self.host_streams = 0  # of which host relays' streams (StreamHost)
+        self._host_parts = 0  # the batches of each host stream's latest message, summed
         self._dephase = random.Random()
         self._latency = 0.0  # arrival to commit of recent batches, seconds (EWMA)
         self.rates = rates
@@ -101,6 +107,9 @@ class IngestService:
             {
                 "Stream": grpc.stream_stream_rpc_method_handler(self.stream, response_serializer=serialize),
                 "Push": grpc.unary_unary_rpc_method_handler(self.push, response_serializer=serialize),
+                "StreamHost": grpc.stream_stream_rpc_method_handler(
+                    self.stream_host, response_serializer=pb.HostAck.SerializeToString
+                ),
                 "Clock": grpc.unary_unary_rpc_method_handler(
                     self.clock_rpc,
                     request_deserializer=pb.ClockRequest.FromString,
@@ -136,16 +145,54 @@ class IngestService:
                 # would otherwise flush in the same second of every interval.
                 hold = self._dephase.uniform(0.0, flush)
                 yield pb.Ack(flush_seconds=flush, step_tables=True, throttle_seconds=hold)
-            async for ack in self._stream(requests, context):
+            async for ack in self._stream(requests, context, self._handle):
                 yield ack
         finally:
             self.streams -= 1
             self.stats.streams.set(self.streams)
 
-    async def _stream(
+    async def stream_host(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.Ack]:
-        handled: asyncio.Queue[asyncio.Task[pb.Ack] | None] = asyncio.Queue()
+    ) -> AsyncIterator[pb.HostAck]:
+        """A host relay's stream (agent/smon/relay.py): each HostBatch carries several ranks'
+        batches and is answered by one HostAck once all of them are settled. It is one stream to
+        flow control (flush_seconds counts it once, throttle_seconds holds the whole host), and its
+        parts share one parse of the message, one pass through the group committer and one Ack
+        message, where N direct streams pay each of those N times."""
+        await self._authenticate(context)
+        self.streams += 1
+        self.host_streams += 1
+        self.stats.streams.set(self.streams)
+        weight = 1  # this stream's ranks, as its latest message counted them
+        self._host_parts += weight
+
+        def weigh(parts: int) -> None:
+            nonlocal weight
+            self._host_parts += max(1, parts) - weight
+            weight = max(1, parts)
+
+        async def handle(request: bytes) -> pb.HostAck:
+            return await self._handle_host(request, weigh)
+
+        try:
+            if flush := self.flush_seconds():
+                hold = self._dephase.uniform(0.0, flush)
+                yield pb.HostAck(flush_seconds=flush, throttle_seconds=hold)
+            async for ack in self._stream(requests, context, handle):
+                yield ack
+        finally:
+            self.streams -= 1
+            self.host_streams -= 1
+            self._host_parts -= weight
+            self.stats.streams.set(self.streams)
+
+    async def _stream(
+        self,
+        requests: AsyncIterator[bytes],
+        context: grpc.aio.ServicerContext,
+        handle: Callable[[bytes], Awaitable[_AckT]],
+    ) -> AsyncIterator[_AckT]:
+        handled: asyncio.Queue[asyncio.Task[_AckT] | None] = asyncio.Queue()
         # A task is made only once there is room: a reader stopped while it waits leaves no batch
         # being stored with nobody to ack it.
         room = asyncio.Semaphore(STREAM_READ_AHEAD)
@@ -154,7 +201,7 @@ class IngestService:
             try:
                 async for request in requests:
                     await room.acquire()
-                    handled.put_nowait(asyncio.ensure_future(self._handle(request)))
+                    handled.put_nowait(asyncio.ensure_future(handle(request)))
             finally:
                 handled.put_nowait(None)
 
@@ -197,10 +244,13 @@ class IngestService:
 
     def flush_seconds(self) -> float:
         """The flush interval to ask agents for: open streams over the batches a second this
-        replica takes, when that is over a second (agents flush every second by default)."""
+        replica takes, when that is over a second (agents flush every second by default). A host
+        relay's stream counts as the ranks it carries (the parts of its latest message): each
+        part is a batch the writers store, and a replica sized for N direct ranks then asks the
+        same interval of N relayed ones, whose batches cost it less (docs/server.md)."""
         if self.batches_per_second <= 0:
             return 0.0
-        wanted = self.streams / self.batches_per_second
+        wanted = (self.streams - self.host_streams + self._host_parts) / self.batches_per_second
         return 0.0 if wanted <= 1.0 else min(MAX_FLUSH_SECONDS, round(wanted, 1))
 
     def _overload_seconds(self, waited: float) -> float:
@@ -218,30 +268,113 @@ class IngestService:
         except DecodeError as exc:
             self.stats.rejected.labels(MALFORMED).inc()
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed smon.v1.Batch: {exc}") from exc
+        admitted = self._admit(batch)
+        if isinstance(admitted, pb.Ack):
+            return admitted
+        valid, hold = admitted
+        outcome: WriteResult | BaseException
         try:
-            valid = validate_batch(batch, self.limits)
-        except BatchRejected as rejected:
-            return self._refuse_whole(batch, rejected.reason, rejected.detail)
+            outcome = await self.committer.write(valid)
+        except Exception as exc:
+            outcome = exc
+        overload = self._overload_seconds(time.monotonic() - arrived)
+        return self._acked(batch, outcome, hold, overload)
+
+    async def _handle_host(self, request: bytes, weigh: Callable[[int], None] | None = None) -> pb.HostAck:
+        """Settle every part of a HostBatch: each is parsed, validated and refused alone, the valid
+        ones go to the committer together (one group), and the HostAck answers them in part order.
+        A database that is away fails the whole message (the relay's ranks resend, as on Stream)."""
+        arrived = time.monotonic()
+        try:
+            host = pb.HostBatch.FromString(request)
+        except DecodeError as exc:
+            self.stats.rejected.labels(MALFORMED).inc()
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed smon.v1.HostBatch: {exc}") from exc
+        if weigh is not None:
+            weigh(len(host.parts))  # the stream's ranks, for flush_seconds
+        acks: list[pb.Ack | None] = [None] * len(host.parts)
+        parsed: list[tuple[int, pb.Batch]] = []
+        for index, part in enumerate(host.parts):
+            try:
+                parsed.append((index, pb.Batch.FromString(part)))
+            except DecodeError as exc:
+                self.stats.rejected.labels(MALFORMED).inc()
+                rejection = pb.Rejection(
+                    kind="batch", index=-1, reason=MALFORMED, detail=f"malformed smon.v1.Batch: {exc}"
+                )
+                acks[index] = pb.Ack(rejections=[rejection], step_tables=True)
+        # The parts' StepTables checked as one set of columns where they fit together.
+        checked = validate_parts([batch for _, batch in parsed], self.limits)
+        admitted: list[tuple[int, pb.Batch, ValidBatch, float]] = []
+        for (index, batch), valid in zip(parsed, checked, strict=True):
+            outcome = self._admit(batch, valid)
+            if isinstance(outcome, pb.Ack):
+                acks[index] = outcome
+            else:
+                admitted.append((index, batch, *outcome))
+        results: list[WriteResult | BaseException] = []
+        if admitted:
+            results = await self.committer.write_many([valid for _, _, valid, _ in admitted])
+        overload = self._overload_seconds(time.monotonic() - arrived) if admitted else 0.0
+        refused: _Refused | None = None
+        certain = True
+        for (index, batch, _, hold), result in zip(admitted, results, strict=True):
+            try:
+                acks[index] = self._acked(batch, result, hold, overload)
+            except _Refused as exc:
+                refused = refused or exc
+                certain = certain and exc.certain
+        if refused is not None:
+            # A part stored beside one that was not goes unacked too: its resend is a duplicate.
+            stored = any(not isinstance(result, BaseException) for result in results)
+            raise _Refused(refused.code, refused.details, certain=certain and not stored)
+        answered = [ack for ack in acks if ack is not None]  # every part has its Ack by now
+        return pb.HostAck(
+            seq=host.seq,
+            acks=answered,
+            throttle_seconds=max((a.throttle_seconds for a in answered), default=0.0),
+            flush_seconds=self.flush_seconds(),
+        )
+
+    def _admit(
+        self, batch: pb.Batch, valid: ValidBatch | BatchRejected | None = None
+    ) -> tuple[ValidBatch, float] | pb.Ack:
+        """The batch's storable rows (validated here unless `valid` is its outcome already) and how
+        long its agent must hold back, or an Ack refusing it."""
+        if valid is None:
+            try:
+                valid = validate_batch(batch, self.limits)
+            except BatchRejected as rejected:
+                valid = rejected
+        if isinstance(valid, BatchRejected):
+            return self._refuse_whole(batch, valid.reason, valid.detail)
         if self.jobs is not None and not self.jobs.admit(valid.job_id):
             detail = f"{self.jobs.max_jobs} other jobs are reporting (SMON_INGEST_MAX_JOBS)"
             return self._refuse_whole(batch, TOO_MANY_JOBS, detail)
         hold = self.rates.take(valid.agent_id, valid.accepted) if self.rates is not None else 0.0
         if hold is None:
             return self._refuse_whole(batch, RATE_LIMITED, "records per second far past the agent's limit")
-        try:
-            result = await self.committer.write(valid)
-        except StorageRefused as refused:
-            return self._refuse_whole(batch, STORAGE_REFUSED, str(refused))
-        except DATABASE_UNAVAILABLE as exc:  # the outage log says so, once (store/availability.py)
-            self.committer.db.availability.failed(exc, "ingest batches refused")
-            raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later") from exc
-        except OutcomeUnknown as unknown:
-            self.committer.db.availability.failed(unknown.cause, "ingest batches refused")
+        return valid, hold
+
+    def _acked(
+        self, batch: pb.Batch, outcome: WriteResult | BaseException, hold: float, overload: float
+    ) -> pb.Ack:
+        """The Ack of a batch the committer settled, or _Refused when it must be resent."""
+        if isinstance(outcome, StorageRefused):
+            return self._refuse_whole(batch, STORAGE_REFUSED, str(outcome))
+        if isinstance(outcome, DATABASE_UNAVAILABLE):  # the outage log says so, once (store/availability.py)
+            self.committer.db.availability.failed(outcome, "ingest batches refused")
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later") from outcome
+        if isinstance(outcome, OutcomeUnknown):
+            self.committer.db.availability.failed(outcome.cause, "ingest batches refused")
             raise _Refused(
                 grpc.StatusCode.UNAVAILABLE, "storage unavailable; resend later", certain=False
-            ) from unknown
-        except Exception as exc:  # logged with its traceback by the committer
-            raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage failed; resend later") from exc
+            ) from outcome
+        if isinstance(outcome, asyncio.CancelledError):
+            raise outcome
+        if isinstance(outcome, BaseException):  # logged with its traceback by the committer
+            raise _Refused(grpc.StatusCode.UNAVAILABLE, "storage failed; resend later") from outcome
+        result = outcome
         if result.conflict:
             detail = f"seq {batch.seq} of agent {batch.agent_id} was stored before with other records"
             return self._refuse_whole(batch, SEQ_REUSED, detail)
@@ -253,7 +386,6 @@ class IngestService:
             self.on_final()
         flush = self.flush_seconds()
         self.stats.flush_seconds.set(flush)
-        overload = self._overload_seconds(time.monotonic() - arrived)
         return pb.Ack(
             agent_id=valid.agent_id,
             seq=valid.seq,
@@ -296,8 +428,8 @@ class IngestService:
 
 
 async def _settle_read_ahead(
-    reader: asyncio.Task[None], handled: asyncio.Queue[asyncio.Task[pb.Ack] | None]
-) -> tuple[list[pb.Ack], bool]:
+    reader: asyncio.Task[None], handled: asyncio.Queue[asyncio.Task[_AckT] | None]
+) -> tuple[list[_AckT], bool]:
     """Stop reading; of the batches read ahead, withdraw those no writer holds and wait for the
     rest. Returns the Acks of those that were stored (an Ack names its seq: order is free), and
     whether every other one is certainly not stored."""
@@ -307,9 +439,10 @@ async def _settle_read_ahead(
     tasks = [t for t in _drain(handled) if t is not None]
     for task in tasks:
         task.cancel()
-    acks, certain = [], True
+    acks: list[_AckT] = []
+    certain = True
     for outcome in await asyncio.gather(*tasks, return_exceptions=True):
-        if isinstance(outcome, pb.Ack):
+        if isinstance(outcome, (pb.Ack, pb.HostAck)):
             acks.append(outcome)
         elif isinstance(outcome, _Refused):
             certain = certain and outcome.certain
@@ -318,14 +451,14 @@ async def _settle_read_ahead(
     return acks, certain
 
 
-def _drain(handled: asyncio.Queue[asyncio.Task[pb.Ack] | None]) -> list[asyncio.Task[pb.Ack] | None]:
+def _drain(handled: asyncio.Queue[asyncio.Task[_AckT] | None]) -> list[asyncio.Task[_AckT] | None]:
     drained = []
     while not handled.empty():
         drained.append(handled.get_nowait())
     return drained
 
 
-def _retrieve(task: asyncio.Task[pb.Ack]) -> None:
+def _retrieve(task: asyncio.Task[pb.Ack] | asyncio.Task[pb.HostAck]) -> None:
     if not task.cancelled():
         task.exception()
 
