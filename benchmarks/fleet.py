@@ -105,6 +105,7 @@ class Figures:
     reconnects: int = 0
     resent: int = 0
     lost: int = 0  # steps in batches never acked by the end
+    debug_errors: list[str] = field(default_factory=list)  # the first few, with grpc's own detail
 
 
 class SimAgent:
@@ -177,6 +178,8 @@ class SimAgent:
                 early = 5 * int(-late // 5)
                 when = "after the end" if late > 0 else f"{early}-{early + 5} s before the end"
                 figures.error_codes[f"{exc.code()}: {exc.details()} ({when})"] += 1
+                if len(figures.debug_errors) < 5:
+                    figures.debug_errors.append(f"{time.perf_counter() - start:.1f} s: {exc.debug_error_string()}")
 
         method = channel.stream_stream(
             "/smon.v1.Ingest/Stream", request_serializer=None, response_deserializer=pb.Ack.FromString
@@ -340,6 +343,8 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
             f"  streams ended by errors (then reopened, unacked batches resent): "
             f"{dict(figures.error_codes)}; {figures.resent} batches resent"
         )
+        for line in figures.debug_errors:
+            print(f"    {line}")
     lat = sorted(figures.latencies) or [float("nan")]
     all_batches = max(1, sum(a.seq for a in agents))
     out = {
