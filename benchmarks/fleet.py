@@ -179,7 +179,8 @@ class SimAgent:
                 when = "after the end" if late > 0 else f"{early}-{early + 5} s before the end"
                 figures.error_codes[f"{exc.code()}: {exc.details()} ({when})"] += 1
                 if len(figures.debug_errors) < 5:
-                    figures.debug_errors.append(f"{time.perf_counter() - start:.1f} s: {exc.debug_error_string()}")
+                    since = time.perf_counter() - start
+                    figures.debug_errors.append(f"{since:.1f} s after the start: {exc.debug_error_string()}")
 
         method = channel.stream_stream(
             "/smon.v1.Ingest/Stream", request_serializer=None, response_deserializer=pb.Ack.FromString
