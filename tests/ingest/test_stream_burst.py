@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import cast
 
 import grpc
@@ -27,7 +28,7 @@ class _Echo:
 
     def handler(self) -> grpc.GenericRpcHandler:
         async def echo(requests: object, context: grpc.aio.ServicerContext) -> object:
-            async for request in requests:  # type: ignore[attr-defined]
+            async for request in requests:
                 yield request
 
         return grpc.method_handlers_generic_handler(
@@ -71,7 +72,7 @@ async def _burst(target: str, all_written: threading.Event) -> tuple[int, list[s
             try:
                 await call.write(b"%d" % i)
             except grpc.RpcError as exc:  # refused already: grpc reports the failed write
-                failures.append(f"stream {i} on writing: {exc.code()} {exc.details()}")  # type: ignore[attr-defined]
+                failures.append(f"stream {i} on writing: {exc.code()} {exc.details()}")
                 continue
             calls.append((call, i))
         all_written.set()
@@ -82,7 +83,7 @@ async def _burst(target: str, all_written: threading.Event) -> tuple[int, list[s
                 await call.done_writing()
                 return None if reply == b"%d" % i else f"stream {i}: {reply!r}"
             except grpc.RpcError as exc:
-                return f"stream {i}: {exc.code()} {exc.details()}"  # type: ignore[attr-defined]
+                return f"stream {i}: {exc.code()} {exc.details()}"
 
         outcomes = await asyncio.wait_for(asyncio.gather(*(answer(c, i) for c, i in calls)), 60)
         failures += [o for o in outcomes if o is not None]
