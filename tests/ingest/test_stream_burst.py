@@ -27,7 +27,9 @@ class _Echo:
     """Stands in for IngestService: a stream that answers each request with itself."""
 
     def handler(self) -> grpc.GenericRpcHandler:
-        async def echo(requests: object, context: grpc.aio.ServicerContext) -> object:
+        async def echo(
+            requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[bytes]:
             async for request in requests:
                 yield request
 
