@@ -11,7 +11,8 @@ time, as a synchronous data-parallel job's do). Meanwhile this process polls
 - every step stored once: steps the agents sent, rows in step_records, distinct (rank, step);
 - freshness: the age of the newest analysed step (`to_step`) when each summary was read, against
   the budget of one analysis interval + 15 s, and how often `computed_at` moved (the pass cadence);
-- CPU: cores of the server, PostgreSQL's backends and this load generator.
+- CPU: cores of the server's main process (ingest, API), its analysis processes, PostgreSQL's
+  backends and this load generator.
 
     .venv/bin/python benchmarks/fleet_job.py [--ranks 4096,8192,16384] [--duration 120]
 
@@ -38,6 +39,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 from sqlalchemy.engine import make_url
 
@@ -125,6 +127,14 @@ async def run_job(
     return figures, polls, origin
 
 
+def children(pid: int) -> list[int]:
+    """The server's analysis processes (SMON_ANALYSIS_WORKERS; every core but one by default)."""
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
 def stored_steps(conninfo: str, job: str) -> tuple[int, int]:
     """(rows of the job in step_records, distinct (rank, step) among them)."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -173,8 +183,10 @@ def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str,
         try:
             agents = make_agents(job, n, args, tables, config)
             database = url.database or ""
+            workers = children(server.pid)
             before = {
                 "server": cpu_seconds([server.pid]),
+                "analysis": cpu_seconds(workers),
                 "client": time.process_time(),
                 "backends": cpu_seconds(backends_of(database)),
             }
@@ -183,8 +195,10 @@ def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str,
             figures, polls, origin = asyncio.run(run_job(f"127.0.0.1:{grpc_port}", summary_url, agents, args))
             wall = time.perf_counter() - started
             seen |= set(backends_of(database))
+            workers = sorted(set(workers) | set(children(server.pid)))
             cpu = {
                 "server": cpu_seconds([server.pid]) - before["server"],
+                "analysis": cpu_seconds(workers) - before["analysis"],
                 "client": time.process_time() - before["client"],
                 "backends": cpu_seconds(sorted(seen)) - before["backends"],
             }
@@ -215,6 +229,7 @@ def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str,
         **fresh,
         "budget": args.analysis_interval + FRESHNESS_SLACK,
         "cores_server": cpu["server"] / wall,
+        "cores_analysis": cpu["analysis"] / wall,
         "cores_pg": cpu["backends"] / wall,
         "cores_client": cpu["client"] / wall,
         "load": os.getloadavg()[0],
@@ -255,7 +270,7 @@ def main() -> None:
         f"{'ranks':>6} {'batch/s':>8} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'refused':>7} "
         f"{'dropped':>7} {'lost':>5} {'recon':>5} {'flush s':>7} {'sent':>9} {'stored':>9} {'distinct':>9} "
         f"{'age p50':>7} {'age max':>7} {'budget':>6} {'passes':>6} {'cadence':>7} "
-        f"{'srv cores':>9} {'pg cores':>8} {'gen cores':>9} {'load':>5}"
+        f"{'srv cores':>9} {'analysis':>8} {'pg cores':>8} {'gen cores':>9} {'load':>5}"
     )
     for n in (int(x) for x in args.ranks.split(",")):
         r = one_size(n, args, config)
@@ -264,8 +279,8 @@ def main() -> None:
             f"{r['p99'] * 1000:>7.0f} {r['refused']:>7.0f} {r['dropped']:>7.0f} {r['lost']:>5.0f} "
             f"{r['reconnects']:>5.0f} {r['flush']:>7.2f} {r['sent']:>9,} {r['rows']:>9,} {r['distinct']:>9,} "
             f"{r['age_p50']:>7.1f} {r['age_max']:>7.1f} {r['budget']:>6.0f} {r['passes']:>6} "
-            f"{r['cadence']:>7.1f} {r['cores_server']:>9.2f} {r['cores_pg']:>8.2f} "
-            f"{r['cores_client']:>9.2f} {r['load']:>5.1f}",
+            f"{r['cadence']:>7.1f} {r['cores_server']:>9.2f} {r['cores_analysis']:>8.2f} "
+            f"{r['cores_pg']:>8.2f} {r['cores_client']:>9.2f} {r['load']:>5.1f}",
             flush=True,
         )
         first = r["first_summary"]
