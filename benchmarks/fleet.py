@@ -61,6 +61,7 @@ from tests.support import factories as f  # noqa: E402
 from tests.support.server_process import free_port, start_server  # noqa: E402
 
 RANKS_PER_JOB = 64
+DRAIN_SECONDS = 30.0  # after the run, how long an agent waits for its last Acks (resending)
 QUEUE_SIZE = AgentConfig().queue_size
 
 
@@ -145,7 +146,7 @@ class SimAgent:
     async def run(
         self, channel: grpc.aio.Channel, start: float, stop: float, measure_from: float, figures: Figures
     ) -> None:
-        """Steps, batches and Acks until `stop`, then up to 30 s to have every batch acked. A
+        """Steps, batches and Acks until `stop`, then up to DRAIN_SECONDS to have every batch acked. A
         stream that fails is opened again after the shipper's backoff, and the unacked batches
         are resent first (the server stores each once), as smon/shipper.py does."""
         cfg = self.config
@@ -239,7 +240,7 @@ class SimAgent:
             if not queued:
                 wake = min(wake, t0 + (self.sent_steps + 1) / self.rate)
             await asyncio.sleep(max(0.001, min(wake, stop, now + 0.5) - time.perf_counter()))
-        deadline = time.perf_counter() + 30.0
+        deadline = time.perf_counter() + DRAIN_SECONDS
         while unacked and time.perf_counter() < deadline:
             if reader.done():
                 reader = await open_stream()

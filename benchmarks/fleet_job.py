@@ -46,6 +46,7 @@ from sqlalchemy.engine import make_url
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import fleet as fleet_module  # noqa: E402
 from benchmarks.bench_db import fresh_database  # noqa: E402
 from benchmarks.fleet import Figures, SimAgent, StepTables, fleet  # noqa: E402
 from benchmarks.ingest import backends_of, cpu_seconds  # noqa: E402
@@ -256,9 +257,13 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=2.0, help="seconds between summary reads")
     parser.add_argument("--per-channel", type=int, default=8, help="ranks sharing one connection")
     parser.add_argument("--ranks-per-host", type=int, default=1, help="ranks one shipper carries")
+    parser.add_argument(
+        "--drain", type=float, default=120.0, help="seconds an agent waits for its last Acks after the run"
+    )
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server")
     parser.add_argument("--server-log", default="", help="keep the server's output in this file")
     args = parser.parse_args()
+    fleet_module.DRAIN_SECONDS = args.drain
     config = AgentConfig()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
     print(
