@@ -61,6 +61,7 @@ from tests.support import factories as f  # noqa: E402
 from tests.support.server_process import free_port, start_server  # noqa: E402
 
 RANKS_PER_JOB = 64
+DRAIN_SECONDS = 30.0  # after the run, how long an agent waits for its last Acks (resending)
 QUEUE_SIZE = AgentConfig().queue_size
 
 
@@ -105,6 +106,7 @@ class Figures:
     reconnects: int = 0
     resent: int = 0
     lost: int = 0  # steps in batches never acked by the end
+    debug_errors: list[str] = field(default_factory=list)  # the first few, with grpc's own detail
 
 
 class SimAgent:
@@ -144,7 +146,7 @@ class SimAgent:
     async def run(
         self, channel: grpc.aio.Channel, start: float, stop: float, measure_from: float, figures: Figures
     ) -> None:
-        """Steps, batches and Acks until `stop`, then up to 30 s to have every batch acked. A
+        """Steps, batches and Acks until `stop`, then up to DRAIN_SECONDS to have every batch acked. A
         stream that fails is opened again after the shipper's backoff, and the unacked batches
         are resent first (the server stores each once), as smon/shipper.py does."""
         cfg = self.config
@@ -177,6 +179,9 @@ class SimAgent:
                 early = 5 * int(-late // 5)
                 when = "after the end" if late > 0 else f"{early}-{early + 5} s before the end"
                 figures.error_codes[f"{exc.code()}: {exc.details()} ({when})"] += 1
+                if len(figures.debug_errors) < 5:
+                    since = time.perf_counter() - start
+                    figures.debug_errors.append(f"{since:.1f} s after the start: {exc.debug_error_string()}")
 
         method = channel.stream_stream(
             "/smon.v1.Ingest/Stream", request_serializer=None, response_deserializer=pb.Ack.FromString
@@ -235,7 +240,7 @@ class SimAgent:
             if not queued:
                 wake = min(wake, t0 + (self.sent_steps + 1) / self.rate)
             await asyncio.sleep(max(0.001, min(wake, stop, now + 0.5) - time.perf_counter()))
-        deadline = time.perf_counter() + 30.0
+        deadline = time.perf_counter() + DRAIN_SECONDS
         while unacked and time.perf_counter() < deadline:
             if reader.done():
                 reader = await open_stream()
@@ -502,6 +507,8 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
             f"  streams ended by errors (then reopened, unacked batches resent): "
             f"{dict(figures.error_codes)}; {figures.resent} batches resent"
         )
+        for line in figures.debug_errors:
+            print(f"    {line}")
     lat = sorted(figures.latencies) or [float("nan")]
     all_batches = max(1, sum(a.seq for a in agents))
     out = {

@@ -40,6 +40,7 @@ SMOKES = [
     Smoke("hosts_latency.py", "--hosts 20 --incidents 50 --requests 2", "GET /metrics"),
     Smoke("ingest.py", "--agents 2 --jobs 1 --batches 2 --rounds 1", "raw COPY"),
     Smoke("fleet.py", "--agents 10 --duration 2 --warmup 1", "largest fleet sustained"),
+    Smoke("fleet_job.py", "--ranks 8 --duration 3 --warmup 1 --analysis-interval 1 --poll 1", "stored once"),
     Smoke("dashboard_load.py", "--ranks 8 --jobs 1 --runs 1", "navigation -> heatmap drawn"),
     Smoke("time_to_flag.py", "--ranks 2 --onset 5 --after 3", "before the onset", (pytest.mark.torch,)),
     Smoke(

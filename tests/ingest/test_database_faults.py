@@ -43,6 +43,11 @@ class Server:
         self.process = start_server(
             proxied.render_as_string(hide_password=False), self.http, self.grpc, SERVER_ENV, log_path=log
         )
+        # The replica's first pass logs that it joined, some time after /readyz: before a test
+        # begins, or that line lands among the lines the test reads as the outage's only ones.
+        deadline = time.monotonic() + 30
+        while "analysis replica" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def get(self, path: str) -> tuple[httpx.Response, float]:
         started = time.monotonic()

@@ -56,6 +56,17 @@ MAX_FLUSH_SECONDS = 10.0
 # A batch that waits longer than this from arrival to commit means the replica is past its
 # capacity: its Ack asks the agent to hold back for about that long (Ack.throttle_seconds).
 OVERLOAD_SECONDS = 1.0
+# Streams grpc's core may hold that this process has not yet taken up, and for how long. grpc.aio's
+# server asks its core for one new call at a time, from its event loop; streams that arrive faster
+# wait in the core's pending queue, and by default the core refuses new ones past 1,000 waiting
+# (some) and 3,000 (all), and ends those that waited 30 s (RESOURCE_EXHAUSTED or CANCELLED; a
+# client still writing reads "Internal error from Core"). A fleet that starts at once, or
+# reconnects at once after a replica restarts, opens thousands of streams within a second, and a
+# replica busy with the batches of those already open takes up the rest slowly: 8,000 agents had
+# 1,828 streams refused at the start, and the reconnect storm kept the replica saturated
+# (docs/storage.md). A waiting stream costs the core a few kB; its agent's batches wait with it.
+MAX_PENDING_STREAMS = 1_000_000
+MAX_PENDING_SECONDS = 600
 
 _AckT = TypeVar("_AckT", pb.Ack, pb.HostAck)
 
@@ -464,14 +475,21 @@ def _retrieve(task: asyncio.Task[pb.Ack] | asyncio.Task[pb.HostAck]) -> None:
 
 
 def make_grpc_server(service: IngestService, *, max_message_bytes: int) -> grpc.aio.Server:
-    """A grpc.aio server with keepalive settings matching the agent's channel options."""
+    """A grpc.aio server with keepalive settings matching the agent's channel options, that
+    takes up every stream a fleet opens at once (MAX_PENDING_STREAMS)."""
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+            # The agents' keepalive (30 s) is welcome: pings at least 10 s apart are never
+            # counted as abuse ("grpc.http2.min_recv_ping_interval_without_data_ms", the name
+            # this had before, is no grpc option: the default of 5 minutes applied).
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
+            ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
+            ("grpc.server_max_unrequested_time_in_server", MAX_PENDING_SECONDS),
         ],
     )
     server.add_generic_rpc_handlers((service.handler(),))

@@ -1,0 +1,302 @@
+"""One big job end to end (issue 30): N simulated ranks of one job at a fixed step rate, against a
+real `smon server` (ingest and analysis in one replica) on a fresh PostgreSQL database.
+
+Each rank is `benchmarks/fleet.py`'s simulated agent (the shipper's flush policy and wire form,
+the flush interval and throttle the replica's Acks ask for, reconnects and resends), here all of
+one job with the job's world size, stepping together (step k of every rank starts at the same
+time, as a synchronous data-parallel job's do). Meanwhile this process polls
+`GET /api/v1/jobs/{id}/summary` every `--poll` seconds, as a dashboard would. Reported per size:
+- ingest: batches and steps acked a second, send->Ack p50 / p99, refused, dropped and lost steps,
+  streams reopened, the flush interval the replica asked for;
+- every step stored once: steps the agents sent, rows in step_records, distinct (rank, step);
+- freshness: the age of the newest analysed step (`to_step`) when each summary was read, against
+  the budget of one analysis interval + 15 s, and how often `computed_at` moved (the pass cadence);
+- CPU: cores of the server's main process (ingest, API), its analysis processes, PostgreSQL's
+  backends and this load generator.
+
+    .venv/bin/python benchmarks/fleet_job.py [--ranks 4096,8192,16384] [--duration 120]
+
+The replica count is one (one server process); the figures say whether one sufficed. Prints
+figures, never asserts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+from sqlalchemy.engine import make_url
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks import fleet as fleet_module  # noqa: E402
+from benchmarks.bench_db import fresh_database  # noqa: E402
+from benchmarks.fleet import Figures, SimAgent, StepTables, fleet  # noqa: E402
+from benchmarks.ingest import backends_of, cpu_seconds  # noqa: E402
+from smon.config import AgentConfig  # noqa: E402
+from tests.support import factories as f  # noqa: E402
+from tests.support.server_process import free_port, start_server  # noqa: E402
+
+FRESHNESS_SLACK = 15.0  # the issue's budget: one analysis interval plus this
+
+
+class RankAgent(SimAgent):
+    """A rank of one job: the job's world size in its coordinates, and its steps timed from the
+    job's start (shared by every rank) instead of its own."""
+
+    def __init__(
+        self, job: str, rank: int, world: int, rate: float, tables: StepTables, config: AgentConfig
+    ) -> None:
+        super().__init__(job, rank, rate, tables, config)
+        self.coords = f.coords(job, rank, world, host=f"host-{rank // 8}")
+        self.job_origin = 0.0  # set once the fleet's start is known
+
+    def batch(self, now: float, origin: float, upto: int, dropped: int) -> bytes:
+        return super().batch(now, self.job_origin or origin, upto, dropped)
+
+
+@dataclass
+class Polls:
+    """What each summary read said: (wall time read, to_step, computed_at as epoch seconds)."""
+
+    reads: list[tuple[float, int | None, float | None]] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    seconds: list[float] = field(default_factory=list)  # how long each read took
+
+
+def read_summary(url: str) -> dict[str, Any] | str:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            body: dict[str, Any] = json.loads(response.read())
+            return body
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        return type(exc).__name__
+
+
+def epoch(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+async def poll(url: str, every: float, stop: float, polls: Polls) -> None:
+    """Reads the summary every `every` seconds until `stop` (perf_counter), in a thread so the
+    fleet's event loop is not held by the request."""
+    while time.perf_counter() < stop:
+        began = time.perf_counter()
+        body = await asyncio.to_thread(read_summary, url)
+        polls.seconds.append(time.perf_counter() - began)
+        if isinstance(body, str):
+            polls.errors[body] = polls.errors.get(body, 0) + 1
+        else:
+            polls.reads.append((time.time(), body.get("to_step"), epoch(body.get("computed_at"))))
+        await asyncio.sleep(max(0.0, every - (time.perf_counter() - began)))
+
+
+async def run_job(
+    target: str, summary_url: str, agents: list[RankAgent], args: argparse.Namespace
+) -> tuple[Figures, Polls, float]:
+    """The fleet and the poller side by side; returns the job's origin (epoch seconds of step 0)."""
+    origin = time.time() + 1.0  # fleet() starts the agents one second from now
+    for agent in agents:
+        agent.job_origin = origin
+    polls = Polls()
+    stop = time.perf_counter() + 1.0 + args.warmup + args.duration
+    figures, _ = await asyncio.gather(
+        fleet(target, list(agents), args.duration, args.warmup, args.per_channel),
+        poll(summary_url, args.poll, stop, polls),
+    )
+    return figures, polls, origin
+
+
+def children(pid: int) -> list[int]:
+    """The server's analysis processes (SMON_ANALYSIS_WORKERS; every core but one by default)."""
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def stored_steps(conninfo: str, job: str) -> tuple[int, int]:
+    """(rows of the job in step_records, distinct (rank, step) among them)."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*), count(DISTINCT (s.rank, s.step)) FROM step_records s "
+            "JOIN jobs j ON j.key = s.job_key WHERE j.job_id = %s",
+            (job,),
+        ).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def freshness(polls: Polls, origin: float, rate: float, measured_from: float) -> dict[str, Any]:
+    """Age of the newest analysed step when each summary was read (from when its last step was
+    made by every rank), over the reads after `measured_from` (epoch seconds)."""
+    ages = [
+        read_at - (origin + (to_step + 1) / rate)
+        for read_at, to_step, _ in polls.reads
+        if to_step is not None and read_at >= measured_from
+    ]
+    computed = sorted({c for _, _, c in polls.reads if c is not None})
+    cadence = [b - a for a, b in itertools.pairwise(computed)]
+    first = next((t - origin for t, s, _ in polls.reads if s is not None), None)
+    return {
+        "reads": len(ages),
+        "age_p50": statistics.median(ages) if ages else float("nan"),
+        "age_max": max(ages) if ages else float("nan"),
+        "cadence": statistics.median(cadence) if cadence else float("nan"),
+        "passes": len(computed),
+        "first_summary": first,
+        "read_p50": statistics.median(polls.seconds) if polls.seconds else float("nan"),
+    }
+
+
+def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str, Any]:
+    tables = StepTables()
+    job = f"fleet-job-{n}"
+    with fresh_database("smon_bench_fleet_job") as database_url:
+        url = make_url(database_url)
+        http, grpc_port = free_port(), free_port()
+        env = {"SMON_ANALYSIS_INTERVAL": str(args.analysis_interval)}
+        env.update(kv.split("=", 1) for kv in args.env)
+        log = Path(args.server_log) if args.server_log else None
+        server = start_server(database_url, http, grpc_port, env, log_path=log)
+        conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        summary_url = f"http://127.0.0.1:{http}/api/v1/jobs/{urllib.parse.quote(job, safe='')}/summary"
+        try:
+            agents = make_agents(job, n, args, tables, config)
+            database = url.database or ""
+            workers = children(server.pid)
+            before = {
+                "server": cpu_seconds([server.pid]),
+                "analysis": cpu_seconds(workers),
+                "client": time.process_time(),
+                "backends": cpu_seconds(backends_of(database)),
+            }
+            seen = set(backends_of(database))
+            started = time.perf_counter()
+            figures, polls, origin = asyncio.run(run_job(f"127.0.0.1:{grpc_port}", summary_url, agents, args))
+            wall = time.perf_counter() - started
+            seen |= set(backends_of(database))
+            workers = sorted(set(workers) | set(children(server.pid)))
+            cpu = {
+                "server": cpu_seconds([server.pid]) - before["server"],
+                "analysis": cpu_seconds(workers) - before["analysis"],
+                "client": time.process_time() - before["client"],
+                "backends": cpu_seconds(sorted(seen)) - before["backends"],
+            }
+            rows, distinct = stored_steps(conninfo, job)
+        finally:
+            server.kill()
+            server.wait(10)
+    if figures.error_codes:
+        print(f"  streams ended by errors (reopened, unacked batches resent): {dict(figures.error_codes)}")
+    if polls.errors:
+        print(f"  summary reads that failed: {polls.errors}")
+    lat = sorted(figures.latencies) or [float("nan")]
+    fresh = freshness(polls, origin, args.rate, origin + args.warmup)
+    return {
+        "ranks": n,
+        "batches_s": figures.batches / args.duration,
+        "steps_s": figures.steps / args.duration,
+        "p50": statistics.median(lat),
+        "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "refused": figures.refused,
+        "dropped": figures.dropped,
+        "lost": figures.lost,
+        "reconnects": figures.reconnects,
+        "flush": statistics.median(figures.flush_seconds) if figures.flush_seconds else config.flush_interval,
+        "sent": sum(a.sent_steps for a in agents),
+        "rows": rows,
+        "distinct": distinct,
+        **fresh,
+        "budget": args.analysis_interval + FRESHNESS_SLACK,
+        "cores_server": cpu["server"] / wall,
+        "cores_analysis": cpu["analysis"] / wall,
+        "cores_pg": cpu["backends"] / wall,
+        "cores_client": cpu["client"] / wall,
+        "load": os.getloadavg()[0],
+    }
+
+
+def make_agents(
+    job: str, n: int, args: argparse.Namespace, tables: StepTables, config: AgentConfig
+) -> list[RankAgent]:
+    """One simulated shipper per rank. (`--ranks-per-host` > 1 is for a per-host relay, one
+    shipper carrying a host's ranks; this build has none.)"""
+    if args.ranks_per_host != 1:
+        raise SystemExit("--ranks-per-host > 1 needs the per-host relay (not in this build)")
+    return [RankAgent(job, rank, n, args.rate, tables, config) for rank in range(n)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", default="4096,8192,16384", help="job sizes, comma-separated")
+    parser.add_argument("--duration", type=float, default=120.0, help="seconds measured per size")
+    parser.add_argument("--warmup", type=float, default=30.0, help="seconds before measuring")
+    parser.add_argument("--rate", type=float, default=1.0, help="steps a second of every rank")
+    parser.add_argument("--analysis-interval", type=float, default=10.0, help="SMON_ANALYSIS_INTERVAL")
+    parser.add_argument("--poll", type=float, default=2.0, help="seconds between summary reads")
+    parser.add_argument("--per-channel", type=int, default=8, help="ranks sharing one connection")
+    parser.add_argument("--ranks-per-host", type=int, default=1, help="ranks one shipper carries")
+    parser.add_argument(
+        "--drain", type=float, default=120.0, help="seconds an agent waits for its last Acks after the run"
+    )
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server")
+    parser.add_argument("--server-log", default="", help="keep the server's output in this file")
+    args = parser.parse_args()
+    fleet_module.DRAIN_SECONDS = args.drain
+    config = AgentConfig()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    print(
+        f"commit {commit.stdout.strip()}, load {os.getloadavg()}, one job, {args.rate} steps/s a rank, "
+        f"{args.duration:.0f} s measured after {args.warmup:.0f} s, analysis interval "
+        f"{args.analysis_interval:.0f} s, {args.per_channel} rank(s) a connection, one replica"
+    )
+    print(
+        f"{'ranks':>6} {'batch/s':>8} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'refused':>7} "
+        f"{'dropped':>7} {'lost':>5} {'recon':>5} {'flush s':>7} {'sent':>9} {'stored':>9} {'distinct':>9} "
+        f"{'age p50':>7} {'age max':>7} {'budget':>6} {'passes':>6} {'cadence':>7} "
+        f"{'srv cores':>9} {'analysis':>8} {'pg cores':>8} {'gen cores':>9} {'load':>5}"
+    )
+    for n in (int(x) for x in args.ranks.split(",")):
+        r = one_size(n, args, config)
+        print(
+            f"{n:>6} {r['batches_s']:>8,.0f} {r['steps_s']:>8,.0f} {r['p50'] * 1000:>7.0f} "
+            f"{r['p99'] * 1000:>7.0f} {r['refused']:>7.0f} {r['dropped']:>7.0f} {r['lost']:>5.0f} "
+            f"{r['reconnects']:>5.0f} {r['flush']:>7.2f} {r['sent']:>9,} {r['rows']:>9,} {r['distinct']:>9,} "
+            f"{r['age_p50']:>7.1f} {r['age_max']:>7.1f} {r['budget']:>6.0f} {r['passes']:>6} "
+            f"{r['cadence']:>7.1f} {r['cores_server']:>9.2f} {r['cores_analysis']:>8.2f} "
+            f"{r['cores_pg']:>8.2f} {r['cores_client']:>9.2f} {r['load']:>5.1f}",
+            flush=True,
+        )
+        first = r["first_summary"]
+        print(
+            f"  every step stored once: {r['rows'] == r['sent'] == r['distinct']}; first summary "
+            f"{'never' if first is None else f'{first:.0f} s after the start'}; summary read p50 "
+            f"{r['read_p50'] * 1000:.0f} ms; fresh within {r['budget']:.0f} s: "
+            f"{bool(r['age_max'] <= r['budget'])} ({r['reads']} reads measured)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
