@@ -392,7 +392,7 @@ class SimRelay:
             with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
                 await call.write(payload)
             last = now
-        deadline = time.perf_counter() + 30.0
+        deadline = time.perf_counter() + DRAIN_SECONDS
         while unacked and time.perf_counter() < deadline:
             if reader.done():
                 reader = await open_stream()

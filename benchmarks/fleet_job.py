@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import fleet as fleet_module  # noqa: E402
 from benchmarks.bench_db import fresh_database  # noqa: E402
-from benchmarks.fleet import Figures, SimAgent, StepTables, fleet  # noqa: E402
+from benchmarks.fleet import Figures, SimAgent, StepTables, fleet, relayed_fleet  # noqa: E402
 from benchmarks.ingest import backends_of, cpu_seconds  # noqa: E402
 from smon.config import AgentConfig  # noqa: E402
 from tests.support import factories as f  # noqa: E402
@@ -122,7 +122,11 @@ async def run_job(
     polls = Polls()
     stop = time.perf_counter() + 1.0 + args.warmup + args.duration
     figures, _ = await asyncio.gather(
-        fleet(target, list(agents), args.duration, args.warmup, args.per_channel),
+        fleet(target, list(agents), args.duration, args.warmup, args.per_channel)
+        if args.ranks_per_host <= 1
+        else relayed_fleet(
+            target, list(agents), args.duration, args.warmup, args.ranks_per_host, args.per_channel
+        ),
         poll(summary_url, args.poll, stop, polls),
     )
     return figures, polls, origin
@@ -240,10 +244,8 @@ def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str,
 def make_agents(
     job: str, n: int, args: argparse.Namespace, tables: StepTables, config: AgentConfig
 ) -> list[RankAgent]:
-    """One simulated shipper per rank. (`--ranks-per-host` > 1 is for a per-host relay, one
-    shipper carrying a host's ranks; this build has none.)"""
-    if args.ranks_per_host != 1:
-        raise SystemExit("--ranks-per-host > 1 needs the per-host relay (not in this build)")
+    """One simulated shipper per rank (with `--ranks-per-host` K > 1, fleet.SimRelay bundles each
+    host's K ranks on one StreamHost stream, as the agents' host relay does)."""
     return [RankAgent(job, rank, n, args.rate, tables, config) for rank in range(n)]
 
 
