@@ -156,14 +156,17 @@ def replay_by_replica(prep: Prepared, healthy: bool = False) -> np.ndarray:
     shared = shared_deviation(measured, jitter.mean) if healthy and jitter is not None else None
 
     def job(v0: int, v1: int, s0: int, s1: int) -> Callable[[], np.ndarray]:
-        block = measured[:, s0:s1, v0:v1]
+        # [slot, rank, step], contiguous: the batch is [replica, rank, step], so each replica's
+        # half of a buffer is one contiguous block (a trailing replica axis of 2 made every
+        # operation a strided one).
+        block = np.ascontiguousarray(measured[:, s0:s1, v0:v1].transpose(0, 2, 1))
         source: ReplicaSource | ReplicaJitterSource
         if shared is not None and jitter is not None:
             source = ReplicaJitterSource(block, ideal, jitter.mean[:, v0:v1], jitter.cap, shared[:, s0:s1])
         else:
             source = ReplicaSource(block, ideal)
-        shape = (v1 - v0, s1 - s0, 2)
-        return lambda: run(prep.program, source, shape, 2, prep.dtype)
+        shape = (2, v1 - v0, s1 - s0)
+        return lambda: run(prep.program, source, shape, 0, prep.dtype)
 
     return _batched(prep, n_dp, n_steps, 2, job)
 
