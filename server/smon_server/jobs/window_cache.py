@@ -15,14 +15,28 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from smon_server.jobs.processes import default_processes
 from smon_server.settings import Settings
 from smon_server.store.models import Agent, Job
+from smon_server.whatif.incremental import Reusable
 from smon_server.whatif.inputs.step_table import StepTable
+
+
+class EngineSlot:
+    """What the engine kept of its last analysis of a kept window (whatif/incremental.py), set
+    by the pass after the engine ran. It belongs to one table lineage: a window built cold gets
+    a new, empty slot, so the engine never slides from steps that were read differently."""
+
+    def __init__(self) -> None:
+        self.kept: Reusable | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.kept is None else self.kept.nbytes
 
 
 @dataclass(frozen=True)
@@ -33,10 +47,11 @@ class Kept:
     table: StepTable
     workers: np.ndarray  # sorted worker ids (columns.worker_ids) of the records read
     last_seen: np.ndarray  # per worker, the newest step it reported
+    engine: EngineSlot = field(default_factory=EngineSlot)
 
     @property
     def nbytes(self) -> int:
-        return self.table.nbytes + 16 * self.workers.size
+        return self.table.nbytes + 16 * self.workers.size + self.engine.nbytes
 
 
 class WindowCache:
