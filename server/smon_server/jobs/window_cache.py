@@ -107,6 +107,13 @@ def cache_key(database: str, job: Job, agents: Sequence[Agent], restarts: Sequen
 
 
 _cache: WindowCache | None = None
+_big_jobs = False  # this process is the worker of the big jobs (jobs/workers.py)
+
+
+def serve_big_jobs() -> None:
+    """Called in the worker process of the big jobs before its first analysis: its cache's share."""
+    global _big_jobs
+    _big_jobs = True
 
 
 def process_cache(settings: Settings) -> WindowCache | None:
@@ -115,17 +122,21 @@ def process_cache(settings: Settings) -> WindowCache | None:
     if settings.analysis_cache_mb == 0:
         return None
     if _cache is None:
-        _cache = WindowCache(cache_bytes(settings))
+        _cache = WindowCache(cache_bytes(settings, big_jobs=_big_jobs))
     return _cache
 
 
-def cache_bytes(settings: Settings) -> int:
-    """SMON_ANALYSIS_CACHE_MB, or a quarter of physical memory over the analysing processes, the
-    big jobs' own worker counted (a 4,096-rank × 500-step window keeps about 0.65 GB)."""
+def cache_bytes(settings: Settings, *, big_jobs: bool = False) -> int:
+    """SMON_ANALYSIS_CACHE_MB, or: a quarter of physical memory over the workers of the small
+    jobs, and an eighth for the worker of the big jobs (started only when there is one). A
+    64-rank × 500-step window keeps about 11 MB with its engine state, so 500 such jobs on one
+    worker need ~5.7 GB: with the big jobs' share counted in the quarter as well (an eighth each
+    on 2 cores) about 40% of them were rebuilt cold every pass. A 4,096-rank window keeps about
+    0.75 GB."""
     if settings.analysis_cache_mb is not None:
         return settings.analysis_cache_mb * 1024 * 1024
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         memory = 8 << 30
-    return memory // 4 // (max(1, default_processes(settings)) + 1)
+    return memory // 8 if big_jobs else memory // 4 // max(1, default_processes(settings))
