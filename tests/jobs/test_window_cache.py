@@ -60,17 +60,22 @@ def test_the_default_budget_gives_the_small_jobs_workers_a_quarter_and_the_big_j
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     memory = 16 << 30
-    monkeypatch.setattr(window_cache.os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else memory // 4096)
+    monkeypatch.setattr(
+        window_cache.os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else memory // 4096
+    )
     settings = Settings(database_url="postgresql+psycopg://x/y", analysis_workers=2)
     assert window_cache.cache_bytes(settings) == memory // 4 // 2
     assert window_cache.cache_bytes(settings, big_jobs=True) == memory // 8
     one = settings.model_copy(update={"analysis_workers": 1})
     assert window_cache.cache_bytes(one) == memory // 4
-    assert window_cache.cache_bytes(one.model_copy(update={"analysis_cache_mb": 300}), big_jobs=True) == 300 << 20
+    assert (
+        window_cache.cache_bytes(one.model_copy(update={"analysis_cache_mb": 300}), big_jobs=True)
+        == 300 << 20
+    )
 
 
 def test_the_engine_state_counts_in_a_kept_window() -> None:
     kept = _kept()
     alone = kept.nbytes
-    kept.engine.kept = _Sized()  # type: ignore[assignment]
+    kept.engine.kept = _Sized()
     assert kept.nbytes == alone + _Sized.nbytes

@@ -10,15 +10,23 @@ import numpy as np
 import pytest
 
 from smon_server.whatif.config import WhatIfConfig
-from smon_server.whatif.engine import WhatIfResult, analyze
+from smon_server.whatif.engine import Reusable, WhatIfResult, analyze
 from smon_server.whatif.ops import OpTable
 from tests.support.synthetic import SyntheticJob, synthetic_table
 
 JOBS = {
     "dp-gc": SyntheticJob(dp=6, steps=40, gc_probability=0.3, gc_seconds=0.003, slow_workers={(2, 0): 1.4}),
-    "pipeline": SyntheticJob(dp=3, pp=2, microbatches=4, steps=40, slow_workers={(1, 1): 1.5}, launch_gap=0.0005),
+    "pipeline": SyntheticJob(
+        dp=3, pp=2, microbatches=4, steps=40, slow_workers={(1, 1): 1.5}, launch_gap=0.0005
+    ),
     "healthy": SyntheticJob(dp=4, steps=40, seed=3),
 }
+
+
+def _kept(table: OpTable, config: WhatIfConfig) -> Reusable:
+    prepared = analyze(table, config=config, keep=True).prepared
+    assert prepared is not None and prepared.kept is not None
+    return prepared.kept
 
 
 def _window(table: OpTable, first: int, last: int) -> OpTable:
@@ -47,7 +55,9 @@ def _assert_same_result(slid: WhatIfResult, full: WhatIfResult) -> None:
     assert (slid.attribution is None) == (full.attribution is None)
     if full.attribution is not None:
         for f in fields(full.attribution):
-            _same(getattr(slid.attribution, f.name), getattr(full.attribution, f.name), f"attribution.{f.name}")
+            _same(
+                getattr(slid.attribution, f.name), getattr(full.attribution, f.name), f"attribution.{f.name}"
+            )
     p, q = slid.prepared, full.prepared
     assert p is not None and q is not None
     _same(p.durations.measured, q.durations.measured, "measured")
@@ -63,13 +73,14 @@ def test_a_slid_window_gives_the_full_analysis(name: str, estimator: str, precis
     table = synthetic_table(JOBS[name])
     config = WhatIfConfig(estimator=estimator, precision=precision, force_attribution=True)  # type: ignore[arg-type]
     width, slid_passes = 20, 0
-    kept = analyze(_window(table, 0, width - 1), config=config, keep=True).prepared.kept  # type: ignore[union-attr]
+    kept = _kept(_window(table, 0, width - 1), config)
     for first in (1, 4, 4, 9, 19):  # slid by 1, 3, none (the same window again), 5, 10 steps
         window = _window(table, first, first + width - 1)
         got = analyze(window, config=config, reuse=kept, keep=True)
         assert got.prepared is not None
         slid_passes += got.prepared.slid
         _assert_same_result(got, analyze(window, config=config))
+        assert got.prepared.kept is not None
         kept = got.prepared.kept
     assert slid_passes == 5
 
@@ -79,7 +90,7 @@ def test_a_slot_that_slides_out_gets_a_full_build() -> None:
     checkpoint slot, so the slid window cannot be used; the next window slides again."""
     table = synthetic_table(SyntheticJob(dp=4, steps=40, checkpoint_every=15, checkpoint_seconds=0.02))
     config = WhatIfConfig(estimator="robust")
-    kept = analyze(_window(table, 10, 19), config=config, keep=True).prepared.kept  # type: ignore[union-attr]
+    kept = _kept(_window(table, 10, 19), config)
     slid = []
     for first in (12, 15, 16):  # step 14 (the checkpoint) leaves the window at 15
         window = _window(table, first, first + 9)
@@ -87,6 +98,7 @@ def test_a_slot_that_slides_out_gets_a_full_build() -> None:
         assert got.prepared is not None
         slid.append(got.prepared.slid)
         _assert_same_result(got, analyze(window, config=config))
+        assert got.prepared.kept is not None
         kept = got.prepared.kept
     assert slid == [True, False, True]
 
@@ -94,12 +106,12 @@ def test_a_slot_that_slides_out_gets_a_full_build() -> None:
 def test_a_new_worker_or_a_gap_gets_a_full_build() -> None:
     table = synthetic_table(SyntheticJob(dp=4, steps=30))
     config = WhatIfConfig(estimator="robust")
-    kept = analyze(table.take((table.step < 20) & (table.dp_rank < 3)), config=config, keep=True).prepared.kept  # type: ignore[union-attr]
+    kept = _kept(table.take((table.step < 20) & (table.dp_rank < 3)), config)
     window = table.take((table.step >= 2) & (table.step < 25))  # rank 3 joins
     got = analyze(window, config=config, reuse=kept)
     assert got.prepared is not None and not got.prepared.slid
     _assert_same_result(got, analyze(window, config=config))
-    kept = analyze(table.take(table.step < 20), config=config, keep=True).prepared.kept  # type: ignore[union-attr]
+    kept = _kept(table.take(table.step < 20), config)
     window = table.take((table.step < 25) & (table.step != 7))  # not the kept steps
     got = analyze(window, config=config, reuse=kept)
     assert got.prepared is not None and not got.prepared.slid

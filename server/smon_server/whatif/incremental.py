@@ -104,7 +104,7 @@ def slide(table: OpTable, dtype: np.dtype, kept: Reusable) -> Slid | None:
     reported = np.stack(
         [present[bounds[s] : bounds[s + 1]].any(axis=0) for s in range(n_stages)], axis=2
     )  # [step, dp, stage]
-    worker_seen = reported.any(axis=0)
+    worker_seen = np.asarray(reported.any(axis=0))
     if not np.array_equal(worker_seen, per.worker_seen) or not reported[:, worker_seen].all():
         return None  # a worker left the window, or a new step is not complete without it
     if not present.any(axis=(1, 2)).all():
