@@ -1,5 +1,6 @@
 """This process's kept job windows: the op table of each job's last pass, to be extended by the
-next one (jobs/window_ops.py says what may be kept, and when it is used).
+next one (jobs/window_ops.py says what may be kept, and when it is used), and what the engine
+laid out of it (`EngineSlot`, whatif/incremental.py).
 
 Memory is bounded by SMON_ANALYSIS_CACHE_MB over all jobs; the least recently analysed go first,
 unless they were analysed since the job being kept was last: then the passes cycle over more jobs
