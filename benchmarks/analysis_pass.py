@@ -376,15 +376,38 @@ def run_many(url: str, jobs: int, ranks: int, steps: int, new_steps: int, worker
             if name == "next":
                 for j in range(1, jobs + 1):
                     append_steps(url, ranks, steps, new_steps, job_key=j)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), _pass_cpu(context)
             analysed = analysis_pass(context, time.time())
-            figures[name] = {"seconds": time.perf_counter() - start, "analysed": analysed}
+            figures[name] = {
+                "seconds": time.perf_counter() - start,
+                "analysed": analysed,
+                "cpu": _pass_cpu(context) - cpu,
+            }
     finally:
         context.close()  # worker processes end: their CPU time is counted below
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     figures["cpu"] = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
     figures["engine"] = engine_seconds(url, [f"bench-{j}" for j in range(1, jobs + 1)])
     print(json.dumps(figures))
+
+
+def _pass_cpu(context: Any) -> float:
+    """CPU seconds so far of this process and its analysis worker processes (PostgreSQL not):
+    what a pass costs the replica, less blurred than its wall time by other work on the machine.
+    A worker started during a pass counts from its start."""
+    pids = [os.getpid()]
+    workers = context.workers
+    if workers is not None:
+        for pool in workers._pools:
+            pids += [p.pid for p in (getattr(pool, "_processes", None) or {}).values()]
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return total
 
 
 def engine_seconds(url: str, job_ids: list[str]) -> float:
@@ -437,11 +460,12 @@ def many_jobs(
     )
     print(
         "engine s: the what-if engine alone (whatif/engine.py) on the same jobs' window op tables, "
-        "one process; idle: a pass right after, no job has new steps."
+        "one process; idle: a pass right after, no job has new steps; CPU: CPU seconds of the pass "
+        "in the server and its analysis workers (PostgreSQL not)."
     )
     print(
         f"{'workers':>8} {'pass':>5} {'jobs':>5} {'before s':>9} {'after s':>8} {'/10 s':>6} "
-        f"{'after/before':>12} {'engine s':>8} {'/engine':>7}"
+        f"{'after/before':>12} {'engine s':>8} {'/engine':>7} {'CPU before':>10} {'CPU after':>9}"
     )
     with fresh_database("smon_bench_many") as url:
         build_many(url, jobs, ranks, steps)
@@ -459,11 +483,12 @@ def many_jobs(
             for name, label in (("cold", "cold"), ("next", f"+{new_steps}"), ("idle", "idle")):
                 one = after[name]
                 was = old[name]["seconds"] if old and name in old else float("nan")
-                versus = f"{engine:>8.2f} {one['seconds'] / engine:>7.2f}" if name == "next" else ""
+                versus = f"{engine:>8.2f} {one['seconds'] / engine:>7.2f}" if name == "next" else " " * 16
+                cpu_was = old[name].get("cpu", math.nan) if old and name in old else math.nan
                 print(
                     f"{count if name == 'cold' else '':>8} {label:>5} {one['analysed']:>5} {was:>9.2f} "
                     f"{one['seconds']:>8.2f} {one['seconds'] / 10:>6.2f} {one['seconds'] / was:>12.2f} "
-                    f"{versus}",
+                    f"{versus} {cpu_was:>10.2f} {one.get('cpu', math.nan):>9.2f}",
                     flush=True,
                 )
             cpu_before = old["cpu"] if old else float("nan")

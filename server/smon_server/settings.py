@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     analysis_workers: Annotated[int | None, Field(ge=0)] = None
     # Memory each analysing process may keep jobs' op tables in between passes, so a pass reads
     # and builds only the new steps (jobs/window_cache.py); unset: a quarter of the machine's
-    # memory shared by the analysing processes; 0 turns it off.
+    # memory shared by the small jobs' workers, an eighth for the big jobs' worker; 0 turns it off.
     analysis_cache_mb: Annotated[int | None, Field(ge=0)] = None
     # Seconds an API request waits for the analysis of a step window the pass has not stored
     # (`?from_step=`, `?to_step=`, `?window=`; jobs/windows.py) before it is answered 504; the

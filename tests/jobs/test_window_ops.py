@@ -23,6 +23,7 @@ from smon_server.store.db import Database
 from smon_server.store.models import Job
 from smon_server.store.queries import StepWindow, resolve_window
 from smon_server.store.writes import write_batches
+from smon_server.whatif import batches
 from smon_server.whatif.ops import OpTable
 from tests.support import factories as f
 from tests.support.settings import server_settings
@@ -107,6 +108,21 @@ def _record_builds(monkeypatch: pytest.MonkeyPatch) -> list[WindowOps]:
     return built
 
 
+def _record_slides(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """For every window analysis given the engine's kept state: whether it slid (the cold
+    passes' analyses, given none, are not listed)."""
+    slid: list[bool] = []
+    real = batches.slide
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        slid.append(out is not None)
+        return out
+
+    monkeypatch.setattr(batches, "slide", recording)
+    return slid
+
+
 @pytest.mark.parametrize("chunk", [10_000, 4], ids=["cold-whole", "cold-in-chunks"])
 def test_incremental_passes_match_cold_passes(
     db: Database, monkeypatch: pytest.MonkeyPatch, chunk: int
@@ -120,6 +136,7 @@ def test_incremental_passes_match_cold_passes(
     cache = WindowCache(256 * 1024 * 1024)
     monkeypatch.setattr(window_cache, "_cache", cache)
     built = _record_builds(monkeypatch)
+    slid = _record_slides(monkeypatch)
     job_id = f.new_job_id("window")
     origin, step = f.T0, 0
     held: list[pb.StepRecord] = []  # rank 3's records not sent yet
@@ -142,6 +159,10 @@ def test_incremental_passes_match_cold_passes(
             monkeypatch.setattr(window_cache, "_cache", cache)
         assert _comparable(kept) == _comparable(cold), f"after step {step - 1}"
     assert incremental_passes == 14  # all but the first two (rank 3 joins with the second)
+    # The engine laid out only the new steps on most of them (whatif/incremental.py); not when a
+    # slot came or went (the checkpoint at step 25, host gaps every 7th step) or the main-stream
+    # order moved, nor on cold builds: then the window was built whole, with the same answer.
+    assert len(slid) == incremental_passes and incremental_passes // 2 <= sum(slid) < len(slid), slid
     assert kept["summary"]["to_step"] == step - 1 - 7  # rank 3's newest push is still in flight
     # The checkpoint's op type (step 25) slid out of the window.
     assert "checkpoint" not in kept["summary"]["attribution"]["by_op_type"]

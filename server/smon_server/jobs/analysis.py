@@ -82,6 +82,11 @@ def analyze_job(
     worker_ranks: dict[tuple[int, int], list[int]] = {}
     for a in agents:
         worker_ranks.setdefault((a.dp_rank, a.pp_rank), []).append(a.rank)
+    # What the engine kept of this window's last pass: only the new steps are laid out
+    # (whatif/incremental.py). Taken out first: a failed analysis leaves nothing stale behind.
+    reuse = None
+    if built.engine is not None:
+        reuse, built.engine.kept = built.engine.kept, None
     analysis = live.analyze_live(
         ops,
         gpus=gpus,
@@ -95,7 +100,12 @@ def analyze_job(
         config=WhatIfConfig(estimator=settings.estimator),
         warmup_steps=settings.warmup_steps,
         backend=_backend(agents),
+        reuse=reuse,
+        keep=built.engine is not None,
     )
+    del reuse
+    if built.engine is not None and analysis.result is not None and analysis.result.prepared is not None:
+        built.engine.kept = analysis.result.prepared.kept
     summary = analysis.summary
     summary.update(
         state=liveness.state.value,

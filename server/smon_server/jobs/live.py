@@ -15,7 +15,7 @@ from smon_server.grid import Grid
 from smon_server.views.summary import rank_heatmap, step_series, to_summary, worker_grid
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.diagnosis import Diagnosis, diagnose, stragglers
-from smon_server.whatif.engine import WhatIfResult, analyze
+from smon_server.whatif.engine import Reusable, WhatIfResult, analyze
 from smon_server.whatif.layout import AnalysisError
 from smon_server.whatif.ops import OpTable
 from smon_server.whatif.signals import GpuHealth, HangState, Signals
@@ -77,9 +77,13 @@ def analyze_live(
     config: WhatIfConfig | None = None,
     warmup_steps: int = 0,
     backend: str = "",
+    reuse: Reusable | None = None,
+    keep: bool = False,
 ) -> LiveAnalysis:
     """`health` is keyed by global rank; any object with GpuHealth's fields works.
-    `worker_ranks` maps (dp rank, stage) to all its ranks (TP / CP peers) for the per-rank views."""
+    `worker_ranks` maps (dp rank, stage) to all its ranks (TP / CP peers) for the per-rank views.
+    `reuse` / `keep`: the engine's state from the last analysis of this window, and whether to
+    keep it for the next (whatif/incremental.py; `result.prepared.kept`)."""
     signals = Signals(
         gpu=dict(health or {}),
         hang=hang,
@@ -91,7 +95,9 @@ def analyze_live(
     error = None
     if ops is not None and len(ops):
         try:
-            result = analyze(ops, gpus=gpus, elapsed_hours=elapsed_hours, config=config)
+            result = analyze(
+                ops, gpus=gpus, elapsed_hours=elapsed_hours, config=config, reuse=reuse, keep=keep
+            )
         except AnalysisError as e:
             error = str(e)
     else:

@@ -1,5 +1,6 @@
 """This process's kept job windows: the op table of each job's last pass, to be extended by the
-next one (jobs/window_ops.py says what may be kept, and when it is used).
+next one (jobs/window_ops.py says what may be kept, and when it is used), and what the engine
+laid out of it (`EngineSlot`, whatif/incremental.py).
 
 Memory is bounded by SMON_ANALYSIS_CACHE_MB over all jobs; the least recently analysed go first,
 unless they were analysed since the job being kept was last: then the passes cycle over more jobs
@@ -15,14 +16,28 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from smon_server.jobs.processes import default_processes
 from smon_server.settings import Settings
 from smon_server.store.models import Agent, Job
+from smon_server.whatif.incremental import Reusable
 from smon_server.whatif.inputs.step_table import StepTable
+
+
+class EngineSlot:
+    """What the engine kept of its last analysis of a kept window (whatif/incremental.py), set
+    by the pass after the engine ran. It belongs to one table lineage: a window built cold gets
+    a new, empty slot, so the engine never slides from steps that were read differently."""
+
+    def __init__(self) -> None:
+        self.kept: Reusable | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.kept is None else self.kept.nbytes
 
 
 @dataclass(frozen=True)
@@ -33,10 +48,11 @@ class Kept:
     table: StepTable
     workers: np.ndarray  # sorted worker ids (columns.worker_ids) of the records read
     last_seen: np.ndarray  # per worker, the newest step it reported
+    engine: EngineSlot = field(default_factory=EngineSlot)
 
     @property
     def nbytes(self) -> int:
-        return self.table.nbytes + 16 * self.workers.size
+        return self.table.nbytes + 16 * self.workers.size + self.engine.nbytes
 
 
 class WindowCache:
@@ -92,6 +108,13 @@ def cache_key(database: str, job: Job, agents: Sequence[Agent], restarts: Sequen
 
 
 _cache: WindowCache | None = None
+_big_jobs = False  # this process is the worker of the big jobs (jobs/workers.py)
+
+
+def serve_big_jobs() -> None:
+    """Called in the worker process of the big jobs before its first analysis: its cache's share."""
+    global _big_jobs
+    _big_jobs = True
 
 
 def process_cache(settings: Settings) -> WindowCache | None:
@@ -100,17 +123,21 @@ def process_cache(settings: Settings) -> WindowCache | None:
     if settings.analysis_cache_mb == 0:
         return None
     if _cache is None:
-        _cache = WindowCache(cache_bytes(settings))
+        _cache = WindowCache(cache_bytes(settings, big_jobs=_big_jobs))
     return _cache
 
 
-def cache_bytes(settings: Settings) -> int:
-    """SMON_ANALYSIS_CACHE_MB, or a quarter of physical memory over the analysing processes, the
-    big jobs' own worker counted (a 4,096-rank × 500-step window keeps about 0.65 GB)."""
+def cache_bytes(settings: Settings, *, big_jobs: bool = False) -> int:
+    """SMON_ANALYSIS_CACHE_MB, or: a quarter of physical memory over the workers of the small
+    jobs, and an eighth for the worker of the big jobs (started only when there is one). A
+    64-rank × 500-step window keeps about 11 MB with its engine state, so 500 such jobs on one
+    worker need ~5.7 GB: with the big jobs' share counted in the quarter as well (an eighth each
+    on 2 cores) about 40% of them were rebuilt cold every pass. A 4,096-rank window keeps about
+    0.75 GB."""
     if settings.analysis_cache_mb is not None:
         return settings.analysis_cache_mb * 1024 * 1024
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         memory = 8 << 30
-    return memory // 4 // (max(1, default_processes(settings)) + 1)
+    return memory // 8 if big_jobs else memory // 4 // max(1, default_processes(settings))

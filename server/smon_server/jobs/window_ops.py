@@ -28,7 +28,7 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from smon_server.columns import StepColumns, reporting_workers
-from smon_server.jobs.window_cache import Kept, WindowCache
+from smon_server.jobs.window_cache import EngineSlot, Kept, WindowCache
 from smon_server.store import window_reader
 from smon_server.store.models import Job
 from smon_server.store.window_reader import Chunk
@@ -48,6 +48,8 @@ class WindowOps:
     ops: OpTable | None
     times: StepTimes  # (step, first start, last end), ascending
     incremental: bool  # built on a cached table (for tests and the benchmark)
+    # Where the engine keeps what it can reuse at the window's next pass (None: not kept).
+    engine: EngineSlot | None = None
 
 
 def window_ops(
@@ -86,7 +88,7 @@ def window_ops(
         cache.put((job.job_id, job.attempt), entry)
     times = [(int(s), float(a), float(b)) for s, a, b in entry.table.times]
     ops = entry.table.ops if len(entry.table.ops) else None
-    return WindowOps(ops, times, incremental=incremental)
+    return WindowOps(ops, times, incremental=incremental, engine=entry.engine if cache is not None else None)
 
 
 def _tell(on_read: OnRead | None, chunk: Chunk) -> None:

@@ -38,9 +38,12 @@ log = logging.getLogger(__name__)
 _state: dict[str, Any] = {}
 
 
-def _start(settings: Settings, parent: int) -> None:
+def _start(settings: Settings, parent: int, big_jobs: bool = False) -> None:
+    from smon_server.jobs.window_cache import serve_big_jobs
     from smon_server.store.db import Database
 
+    if big_jobs:
+        serve_big_jobs()  # its window cache's share (window_cache.cache_bytes)
     _state["settings"] = settings
     _state["db"] = Database.from_settings(settings)
     threading.Thread(target=_exit_with, args=(parent,), name="smon-parent-watch", daemon=True).start()
@@ -116,7 +119,7 @@ class AnalysisWorkers:
                     1,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_start,
-                    initargs=(self.settings, os.getpid()),
+                    initargs=(self.settings, os.getpid(), slot == self.processes),
                 )
             return pool
 

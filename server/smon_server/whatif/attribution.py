@@ -58,7 +58,12 @@ def attribute(prep: Prepared, step_time: np.ndarray, ideal: float, top_fraction:
     by_stage = layout.slot_stage[None, :] == np.arange(n_stages)[:, None]
     families = np.stack([~last_stage, compute, prep.graph.is_comm])
     restore = np.concatenate([by_type, by_stage, families])
-    times = replay_restored(prep, np.repeat(restore[:, :, None], n_dp, axis=2))
+    # Variants that restore the same slots are replayed once (one stage: the stage's variant is
+    # every slot; one communication op type: it is the communication family). Each variant's
+    # replay is its own; only a batch split into chunks (large jobs) can round a slot restored
+    # in a whole chunk differently, in the last bit (sources.MaskedSource).
+    unique, which = np.unique(restore, axis=0, return_inverse=True)
+    times = replay_restored(prep, np.repeat(unique[:, :, None], n_dp, axis=2))[which.ravel()]
     t_type = times[: len(op_groups)]
     t_stage = times[len(op_groups) : len(op_groups) + n_stages]
     t_remove_last, t_compute, t_comm = times[-3], times[-2], times[-1]

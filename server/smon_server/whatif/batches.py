@@ -19,8 +19,9 @@ import numpy as np
 
 from smon_server.whatif import ops as O
 from smon_server.whatif.config import WhatIfConfig
-from smon_server.whatif.durations import Durations, measure
+from smon_server.whatif.durations import Durations, ideal_durations, measure
 from smon_server.whatif.graph import StepGraph, build_graph
+from smon_server.whatif.incremental import Reusable, slide
 from smon_server.whatif.layout import StepLayout, build_layout
 from smon_server.whatif.ops import OpTable
 from smon_server.whatif.replay import Program, compile_program, run
@@ -44,6 +45,9 @@ class Prepared:
     dtype: np.dtype
     threads: int
     memory_budget: int
+    # For the next analysis of the same window slid on (incremental.py), when asked to keep it.
+    kept: Reusable | None = None
+    slid: bool = False  # laid out from the last analysis's Reusable and the new steps alone
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -51,21 +55,56 @@ class Prepared:
         return n_slots, n_steps, n_dp
 
 
-def prepare(table: OpTable, config: WhatIfConfig | None = None) -> Prepared:
+def prepare(
+    table: OpTable,
+    config: WhatIfConfig | None = None,
+    *,
+    reuse: Reusable | None = None,
+    keep: bool = False,
+) -> Prepared:
+    """Everything the replays need. With `reuse` (what the last analysis of this window kept),
+    only the steps after its newest are laid out (incremental.py); with `keep`, the result
+    keeps what the next analysis of the window slid on can reuse (`Prepared.kept`)."""
     config = config or WhatIfConfig()
     single = config.precision == "single" or (config.precision == "auto" and len(table) > 1_000_000)
     dtype = np.dtype(np.float32 if single else np.float64)
-    layout = build_layout(table, dtype)
-    graph = build_graph(layout)
-    durations = measure(
-        layout,
-        graph,
-        estimator=config.estimator,
-        outlier_tolerance=config.outlier_tolerance,
-        jitter_sigmas=config.jitter_sigmas,
-        length_driven=length_driven(table),
-        host_floor=host_floors(table),
+    driven, floors = length_driven(table), host_floors(table)
+    slid = slide(table, dtype, reuse) if reuse is not None else None
+    if slid is None:
+        layout = build_layout(table, dtype)
+        graph = build_graph(layout)
+        present = layout.present
+        trace, measured = None, None
+    else:
+        layout, graph, present = slid.layout, slid.graph, slid.present
+        trace, measured = slid.trace_step_time, layout.duration
+    durations = (
+        measure(
+            layout,
+            graph,
+            estimator=config.estimator,
+            outlier_tolerance=config.outlier_tolerance,
+            jitter_sigmas=config.jitter_sigmas,
+            length_driven=driven,
+            host_floor=floors,
+        )
+        if trace is None or measured is None
+        else ideal_durations(
+            layout,
+            graph,
+            measured,
+            present,
+            trace,
+            estimator=config.estimator,
+            outlier_tolerance=config.outlier_tolerance,
+            jitter_sigmas=config.jitter_sigmas,
+            length_driven=driven,
+            host_floor=floors,
+        )
     )
+    kept = None
+    if keep and layout.per_step is not None:
+        kept = Reusable(layout=layout, present=present, trace_step_time=durations.trace_step_time)
     threads = config.threads or min(4, os.cpu_count() or 1)
     return Prepared(
         layout=layout,
@@ -75,6 +114,8 @@ def prepare(table: OpTable, config: WhatIfConfig | None = None) -> Prepared:
         dtype=dtype,
         threads=threads,
         memory_budget=config.memory_budget,
+        kept=kept,
+        slid=slid is not None,
     )
 
 
@@ -156,14 +197,17 @@ def replay_by_replica(prep: Prepared, healthy: bool = False) -> np.ndarray:
     shared = shared_deviation(measured, jitter.mean) if healthy and jitter is not None else None
 
     def job(v0: int, v1: int, s0: int, s1: int) -> Callable[[], np.ndarray]:
-        block = measured[:, s0:s1, v0:v1]
+        # [slot, rank, step], contiguous: the batch is [replica, rank, step], so each replica's
+        # half of a buffer is one contiguous block (a trailing replica axis of 2 made every
+        # operation a strided one).
+        block = np.ascontiguousarray(measured[:, s0:s1, v0:v1].transpose(0, 2, 1))
         source: ReplicaSource | ReplicaJitterSource
         if shared is not None and jitter is not None:
             source = ReplicaJitterSource(block, ideal, jitter.mean[:, v0:v1], jitter.cap, shared[:, s0:s1])
         else:
             source = ReplicaSource(block, ideal)
-        shape = (v1 - v0, s1 - s0, 2)
-        return lambda: run(prep.program, source, shape, 2, prep.dtype)
+        shape = (2, v1 - v0, s1 - s0)
+        return lambda: run(prep.program, source, shape, 0, prep.dtype)
 
     return _batched(prep, n_dp, n_steps, 2, job)
 

@@ -89,6 +89,27 @@ def measure(
     `host_floor` bounds a compute op type's D* from below by the time the host takes to issue it
     (batches.host_floors): a device-bound rank's kernels alone are not a step any rank can run."""
     start, duration, present = layout.start, layout.duration, layout.present
+    trace_step_time = trace_times(start, duration)
+    measured = transfers_in_place(start, duration, present, graph)
+    if release_start:
+        layout.start = np.empty((0, 0, 0))
+        layout.present = np.empty((0, 0, 0), dtype=bool)
+    return ideal_durations(
+        layout,
+        graph,
+        measured,
+        present,
+        trace_step_time,
+        estimator=estimator,
+        outlier_tolerance=outlier_tolerance,
+        jitter_sigmas=jitter_sigmas,
+        length_driven=length_driven,
+        host_floor=host_floor,
+    )
+
+
+def trace_times(start: np.ndarray, duration: np.ndarray) -> np.ndarray:
+    """[n_steps]: latest end - earliest start of each step, as recorded."""
     n_slots, n_steps, _ = start.shape
     first = np.full(n_steps, np.inf, dtype=start.dtype)
     last = np.full(n_steps, -np.inf, dtype=start.dtype)
@@ -99,8 +120,14 @@ def measure(
             s, d = start[lo : lo + 64], duration[lo : lo + 64]
             first = np.fmin(first, np.nanmin(s, axis=(0, 2)))
             last = np.fmax(last, np.nanmax(s + d, axis=(0, 2)))
-    trace_step_time = last.astype(np.float64) - first
+    return np.asarray(last.astype(np.float64) - first)
 
+
+def transfers_in_place(
+    start: np.ndarray, duration: np.ndarray, present: np.ndarray, graph: StepGraph
+) -> np.ndarray:
+    """`duration` with each communication slot's recorded duration replaced by its transfer
+    time (step by step: each step's transfers are its own)."""
     measured = duration  # transfers overwrite the comm slots in place
     for members, spans in zip(graph.groups, graph.group_spans_dp, strict=True):
         idx = list(members)
@@ -120,7 +147,23 @@ def measure(
             transfer = member_start + duration[idx] - latest
             transfer = np.where(np.isnan(transfer), 0, np.maximum(transfer, 0))
         measured[idx] = transfer
+    return measured
 
+
+def ideal_durations(
+    layout: StepLayout,
+    graph: StepGraph,
+    measured: np.ndarray,
+    present: np.ndarray,
+    trace_step_time: np.ndarray,
+    *,
+    estimator: str = "paper",
+    outlier_tolerance: float = 0.10,
+    jitter_sigmas: float = 3.0,
+    length_driven: frozenset[str] = frozenset(),
+    host_floor: dict[str, float] | None = None,
+) -> Durations:
+    """D* and the jitter allowance of the whole window, from its measured durations."""
     ideal_by_type: dict[str, float] = {}
     left_out: dict[str, list[tuple[int, int]]] = {}
     ideal = np.zeros(layout.n_slots)
@@ -146,9 +189,6 @@ def measure(
     jitter = None
     if estimator == "robust" and jitter_sigmas > 0:
         jitter = _jitter(layout, measured, left_out, jitter_sigmas, length_driven)
-    if release_start:
-        layout.start = np.empty((0, 0, 0))
-        layout.present = np.empty((0, 0, 0), dtype=bool)
     return Durations(
         measured=measured,
         ideal=ideal,

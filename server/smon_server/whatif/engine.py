@@ -17,6 +17,7 @@ import numpy as np
 from smon_server.whatif.attribution import attribute
 from smon_server.whatif.batches import (
     Prepared,
+    Reusable,
     healthy_step_times,
     ideal_step_time,
     prepare,
@@ -30,6 +31,7 @@ __all__ = [
     "Attribution",
     "Decomposition",
     "Prepared",
+    "Reusable",
     "WhatIfConfig",
     "WhatIfResult",
     "analyze",
@@ -42,16 +44,21 @@ def analyze(
     gpus: int | None = None,
     elapsed_hours: float | None = None,
     config: WhatIfConfig | None = None,
+    reuse: Reusable | None = None,
+    keep: bool = False,
 ) -> WhatIfResult:
     """The what-if analysis of `table`. `gpus` and `elapsed_hours` (wall time of the analysed
-    window) only feed `gpu_hours_wasted`."""
+    window) only feed `gpu_hours_wasted`. `reuse` / `keep`: what the last analysis of this
+    window (slid on) kept, and whether to keep it for the next (`result.prepared.kept`;
+    incremental.py); the result is the same either way."""
     config = config or WhatIfConfig()
     offsets = None
     if config.align_clocks:
         from smon_server.whatif.clock import align_clocks
 
         table, offsets = align_clocks(table)
-    prep = prepare(table, config)
+        reuse, keep = None, False  # the aligned table is a new one every time
+    prep = prepare(table, config, reuse=reuse, keep=keep)
     ideal = ideal_step_time(prep)  # T(D*): attribution's reference
     step_time = replay_restored(prep, np.ones((1, prep.shape[0], prep.shape[2]), dtype=bool))[0]
     healthy = healthy_step_times(prep)  # robust: the ideal keeps ordinary jitter

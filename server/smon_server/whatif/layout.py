@@ -52,6 +52,18 @@ class LayoutQuality:
     host_line_ops: int = 0  # of those, replayed by the host's time (host-bound steps: host_line.py)
 
 
+@dataclass(frozen=True)
+class PerStep:
+    """Per step of a layout: the terms of its window-wide sums (whatif/incremental.py)."""
+
+    rows: np.ndarray  # [n_steps] rows laid out (duplicates included)
+    present: np.ndarray  # [n_steps] instances present
+    reordered: np.ndarray  # [n_steps] (dp) instances out of the main order
+    rel_sum: np.ndarray  # [n_slots, n_steps] main slots: Σ over DP of start - the step's first start
+    rel_count: np.ndarray  # [n_slots, n_steps] how many of those were present
+    worker_seen: np.ndarray  # [n_dp, n_stages] workers with any op in the window
+
+
 @dataclass
 class StepLayout:
     """Dense per-slot arrays. Axis order everywhere: [slot, step, dp]."""
@@ -72,6 +84,9 @@ class StepLayout:
     ranks: np.ndarray  # [n_dp, n_stages] global rank of each worker (-1 unknown)
     quality: LayoutQuality
     ends_at_last_op: bool = False  # OpTable.ends_at_last_op
+    # What the layout's window-wide figures are sums of, step by step: a later analysis of the
+    # same window slid on lays out only its new steps and adds them (whatif/incremental.py).
+    per_step: PerStep | None = None
 
     @property
     def n_slots(self) -> int:
@@ -211,7 +226,19 @@ def build_layout(table: OpTable, dtype: npt.DTypeLike = np.float64) -> StepLayou
 
     per_stage = np.diff(bounds)
     expected = int((per_stage * worker_seen.sum(axis=0)).sum()) * len(steps)
-    main_order, reordered = _main_order(start, slot_stage, slot_type, table.op_types, n_st)
+    is_p2p = np.array([name in O.P2P_OP_TYPES for name in table.op_types], dtype=bool)[slot_type]
+    rel_sum, rel_count = main_start_sums(start, slot_stage, is_p2p, n_st)
+    main_order = main_order_of(rel_sum, rel_count, slot_stage, is_p2p, n_st)
+    step_reordered = reordered_per_step(start, main_order)
+    reordered = int(step_reordered.sum())
+    per_step = PerStep(
+        rows=step_rows[complete],
+        present=np.count_nonzero(present, axis=(0, 2)).astype(np.int64),
+        reordered=step_reordered,
+        rel_sum=rel_sum,
+        rel_count=rel_count,
+        worker_seen=worker_seen,
+    )
     return StepLayout(
         op_types=table.op_types,
         steps=steps,
@@ -234,13 +261,14 @@ def build_layout(table: OpTable, dtype: npt.DTypeLike = np.float64) -> StepLayou
             absent_ops=max(0, expected - n_present),
             reordered_instances=reordered,
             missing_workers=int((~worker_seen).sum()),
-            **_host_line_counts(table),
+            **host_line_counts(table),
         ),
         ends_at_last_op=table.ends_at_last_op,
+        per_step=per_step,
     )
 
 
-def _host_line_counts(table: OpTable) -> dict[str, int]:
+def host_line_counts(table: OpTable) -> dict[str, int]:
     """Device-timed ops, and those a host-bound step replays by the host's time: their duration is
     their host view, exactly (a device span's length equals its host view only by chance)."""
     if not table.has_host:
@@ -322,35 +350,57 @@ def _scatter(
     return start, duration, slot_chunk, raw_ranks, step_rows
 
 
-def _main_order(
-    start: np.ndarray,
-    slot_stage: np.ndarray,
-    slot_type: np.ndarray,
-    op_types: tuple[str, ...],
-    n_stages: int,
-) -> tuple[list[np.ndarray], int]:
-    """Per stage, the main-stream slots in recorded order, and how many instances disagree."""
-    is_p2p = np.array([name in O.P2P_OP_TYPES for name in op_types], dtype=bool)[slot_type]
+def main_start_sums(
+    start: np.ndarray, slot_stage: np.ndarray, is_p2p: np.ndarray, n_stages: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """[n_slots, n_steps] per main-stream slot and step: the sum over DP replicas of its start
+    relative to the worker's first main-stream op of the step, and how many it summed (0 for p2p
+    slots). Per step, so that a window's sums are its steps' sums however it was laid out."""
+    n_slots, n_steps = start.shape[0], start.shape[1]
+    rel_sum = np.zeros((n_slots, n_steps))
+    rel_count = np.zeros((n_slots, n_steps), dtype=np.int64)
     bounds = np.searchsorted(slot_stage, np.arange(n_stages + 1))
-    orders: list[np.ndarray] = []
-    reordered = 0
-    # nanmin / nanmean over a worker without ops of a stage warn; that case is expected.
+    # nanmin over a worker without ops of a stage warns; that case is expected.
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for s in range(n_stages):
             lo, hi = int(bounds[s]), int(bounds[s + 1])
             main = np.arange(lo, hi)[~is_p2p[lo:hi]]
             if main.size == 0:
-                orders.append(main)
                 continue
             block = start[main]  # [k, steps, dp]
-            first = np.nanmin(block, axis=0)
-            rel_mean = np.nanmean(block - first, axis=(1, 2))
-            order = main[np.lexsort((main, rel_mean))]
-            orders.append(order)
-            if order.size > 1:
-                ordered = start[order]
-                running = np.fmax.accumulate(ordered, axis=0)
-                late = (ordered[1:] < running[:-1]) & ~np.isnan(ordered[1:])
-                reordered += int(late.any(axis=0).sum())
-    return orders, reordered
+            rel = block - np.nanmin(block, axis=0)
+            missing = np.isnan(rel)
+            np.copyto(rel, 0.0, where=missing)
+            rel_sum[main] = rel.sum(axis=2, dtype=np.float64)
+            rel_count[main] = rel.shape[2] - np.count_nonzero(missing, axis=2)
+    return rel_sum, rel_count
+
+
+def main_order_of(
+    rel_sum: np.ndarray, rel_count: np.ndarray, slot_stage: np.ndarray, is_p2p: np.ndarray, n_stages: int
+) -> list[np.ndarray]:
+    """Per stage, the main-stream slots in recorded order: by mean relative start over the
+    window (main_start_sums), ties by slot."""
+    bounds = np.searchsorted(slot_stage, np.arange(n_stages + 1))
+    total, count = rel_sum.sum(axis=1), rel_count.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel_mean = total / count  # NaN for a slot never present, as nanmean gave
+    orders: list[np.ndarray] = []
+    for s in range(n_stages):
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        main = np.arange(lo, hi)[~is_p2p[lo:hi]]
+        orders.append(main[np.lexsort((main, rel_mean[main]))] if main.size else main)
+    return orders
+
+
+def reordered_per_step(start: np.ndarray, orders: list[np.ndarray]) -> np.ndarray:
+    """[n_steps]: per step, the (dp) instances whose recorded order differs from `orders`."""
+    out = np.zeros(start.shape[1], dtype=np.int64)
+    for order in orders:
+        if order.size > 1:
+            ordered = start[order]
+            running = np.fmax.accumulate(ordered, axis=0)
+            late = (ordered[1:] < running[:-1]) & ~np.isnan(ordered[1:])
+            out += np.count_nonzero(late.any(axis=0), axis=1)
+    return out

@@ -36,8 +36,13 @@ class MaskedSource:
         per_variant = np.asarray(restore.all(axis=2) | ~restore.any(axis=2))  # uniform over DP
         self.kind: list[int] = []
         self.mask: list[np.ndarray | None] = []
+        # Kind 3: restored on whole variants (uniform over DP), listed: those variants get the
+        # measured durations added one by one, which is the same arithmetic as the masked add
+        # without a masked ufunc loop over every variant (a few variants of tens restore a slot).
+        self.variants: list[np.ndarray | None] = []
         for j in range(restore.shape[1]):
             r = restore[:, j, :]
+            variants = None
             if not r.any():
                 self.kind.append(0)
                 self.mask.append(None)
@@ -45,11 +50,13 @@ class MaskedSource:
                 self.kind.append(1)
                 self.mask.append(None)
             elif per_variant[:, j].all():
-                self.kind.append(2)
-                self.mask.append(r[:, :1, None])  # [V, 1, 1]
+                self.kind.append(3)
+                self.mask.append(None)
+                variants = np.flatnonzero(r[:, 0])
             else:
                 self.kind.append(2)
                 self.mask.append(r[:, None, :])  # [V, 1, dp]
+            self.variants.append(variants)
 
     def add(self, slot: int, start: np.ndarray, out: np.ndarray) -> None:
         kind = self.kind[slot]
@@ -60,19 +67,25 @@ class MaskedSource:
         np.add(start, ideal, out=out)
         if kind == 2:
             np.add(out, self.measured[slot] - ideal, out=out, where=self.mask[slot])
+        elif kind == 3:
+            variants = self.variants[slot]
+            assert variants is not None
+            delta = self.measured[slot] - ideal  # the same sum as the masked add: (start + D*) + (D - D*)
+            for v in variants:
+                np.add(out[v], delta, out=out[v])
 
 
 class ReplicaSource:
-    """Batch shape [dp rank restored, step, 2]: replica 0 is that rank, measured; replica 1 is
+    """Batch shape [2, dp rank restored, step]: replica 0 is that rank, measured; replica 1 is
     the ideal stand-in for every other rank."""
 
     def __init__(self, measured: np.ndarray, ideal: np.ndarray) -> None:
-        self.measured = measured  # [n_slots, n_steps, n_variants]
+        self.measured = measured  # [n_slots, n_variants, n_steps]
         self.ideal = ideal.astype(measured.dtype)
 
     def add(self, slot: int, start: np.ndarray, out: np.ndarray) -> None:
-        np.add(start[..., 0], self.measured[slot].T, out=out[..., 0])
-        np.add(start[..., -1], self.ideal[slot], out=out[..., 1])
+        np.add(start[0], self.measured[slot], out=out[0])
+        np.add(start[-1], self.ideal[slot], out=out[1])
 
 
 class ReplicaJitterSource:
@@ -85,22 +98,22 @@ class ReplicaJitterSource:
     def __init__(
         self, measured: np.ndarray, ideal: np.ndarray, mean: np.ndarray, cap: np.ndarray, shared: np.ndarray
     ) -> None:
-        self.measured = measured  # [n_slots, n_steps, n_variants]
+        self.measured = measured  # [n_slots, n_variants, n_steps]
         self.ideal = ideal.astype(measured.dtype)
         self.mean = mean  # [n_slots, n_variants]: Jitter.mean of the batch's ranks
         self.cap = cap
         self.shared = shared  # [n_slots, n_steps]
 
     def add(self, slot: int, start: np.ndarray, out: np.ndarray) -> None:
-        measured = self.measured[slot].T  # [variant, step]
+        measured = self.measured[slot]  # [variant, step]
         deviation = measured - self.mean[slot][:, None]
         np.clip(deviation, -self.cap[slot], self.cap[slot], out=deviation)
         deviation[measured <= 0] = 0.0
         deviation += self.ideal[slot]
         deviation += self.shared[slot][None, :]
         np.maximum(deviation, 0.0, out=deviation)
-        np.add(start[..., 0], deviation, out=out[..., 0])
-        np.add(start[..., -1], self.ideal[slot], out=out[..., 1])
+        np.add(start[0], deviation, out=out[0])
+        np.add(start[-1], self.ideal[slot], out=out[1])
 
 
 class JitterSource:

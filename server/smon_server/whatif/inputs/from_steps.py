@@ -335,10 +335,12 @@ def _renumber_by_first_appearance(codes: np.ndarray, names: list[str]) -> tuple[
 def _seq_sq(
     cols: StepColumns, record: np.ndarray, op: np.ndarray, microbatch: np.ndarray, name_code: dict[str, int]
 ) -> np.ndarray:
-    """Σ len² of each compute op's micro-batch (or of the whole step when not per micro-batch)."""
-    out = np.full(record.size, np.nan)
+    """Σ len² of each compute op's micro-batch (or of the whole step when not per micro-batch);
+    empty when no record has sequence statistics (the usual case: a column of NaN would be
+    8 bytes an op in every kept window for nothing, OpTable.seq_sq)."""
     if not cols.mb_index.size and not bool((cols.seq_sum_sq > 0).any()):
-        return out  # no sequence statistics at all: the usual case, and a pass over every op
+        return np.empty(0)  # no sequence statistics at all: the usual case, and a pass over every op
+    out = np.full(record.size, np.nan)
     compute = np.isin(op, [name_code.get(O.FORWARD_COMPUTE, -1), name_code.get(O.BACKWARD_COMPUTE, -1)])
     whole = compute & (microbatch < 0)
     step_sq = cols.seq_sum_sq[record]
@@ -353,4 +355,4 @@ def _seq_sq(
         at = np.searchsorted(table, wanted, side="right") - 1
         found = (at >= 0) & (table[np.maximum(at, 0)] == wanted)
         out[per_mb[found]] = values[at[found]]
-    return out
+    return out if np.isfinite(out).any() else np.empty(0)  # empty exactly when none is known

@@ -41,6 +41,7 @@ def join_tables(parts: list[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostL
     pieces: list[dict[str, np.ndarray]] = []
     ends_at_last_op = True
     host_parts: list[np.ndarray | int] = []  # each part's host issue times (its length: none)
+    seq_parts: list[np.ndarray | int] = []  # each part's Σ len² (its length: none)
     while parts:
         table, table_labels = parts.pop(0)
         type_map = np.empty(len(table.op_types), dtype=np.int32)
@@ -54,8 +55,9 @@ def join_tables(parts: list[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostL
                 known[label] = len(labels)
                 labels.append(label)
             seq_map[local] = known[label]
-        columns = {name: getattr(table, name) for name in OpTable.COLUMNS}
-        columns["seq_sq"] = _seq_sq(table)
+        columns = {name: getattr(table, name) for name in OpTable.COLUMNS if name != "seq_sq"}
+        # Likewise Σ len²: a part without sequence statistics adds NaN only (none: empty).
+        seq_parts.append(table.seq_sq if len(table) and table.seq_sq.shape[0] == len(table) else len(table))
         # A part without host times adds NaN only: kept as its length until a part has some
         # (a 4,096-rank window's NaN column was ~0.1 GB to fill and join every pass, for nothing).
         host_parts.append(table.host_duration if table.has_host else len(table))
@@ -72,7 +74,9 @@ def join_tables(parts: list[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostL
         del table
     joined: dict[str, np.ndarray] = {}
     for name, dtype in OpTable.COLUMNS.items():
-        joined[name] = np.concatenate([piece.pop(name) for piece in pieces]).astype(dtype, copy=False)
+        if name != "seq_sq":
+            joined[name] = np.concatenate([piece.pop(name) for piece in pieces]).astype(dtype, copy=False)
+    joined["seq_sq"] = _join_optional(seq_parts)
     host_duration = np.empty(0)
     if any(not isinstance(part, int) for part in host_parts):
         host_duration = np.concatenate(
@@ -119,8 +123,11 @@ def drop_unused_types(table: OpTable, keep: np.ndarray | None = None) -> OpTable
     )
 
 
-def _seq_sq(table: OpTable) -> np.ndarray:
-    return table.seq_sq if table.seq_sq.shape[0] == len(table) else np.full(len(table), np.nan)
+def _join_optional(parts: list[np.ndarray | int]) -> np.ndarray:
+    """An optional float column joined: NaN for the parts without it, empty when none has it."""
+    if all(isinstance(part, int) for part in parts):
+        return np.empty(0)
+    return np.concatenate([np.full(part, np.nan) if isinstance(part, int) else part for part in parts])
 
 
 def join(tables: list[StepTable]) -> StepTable:
@@ -165,6 +172,8 @@ def trim(table: StepTable, lo: int) -> StepTable:
     keep = table.type_newest >= lo
     rows = table.ops.step >= lo
     ops = table.ops if rows.all() else table.ops.take(rows)
+    if ops.seq_sq.shape[0] and len(ops) and not np.isfinite(ops.seq_sq).any():
+        ops = replace(ops, seq_sq=np.empty(0))  # the steps with sequence statistics slid out
     return replace(
         table,
         ops=drop_unused_types(ops, keep),

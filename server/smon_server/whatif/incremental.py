@@ -1,0 +1,221 @@
+"""A later analysis of a job's window lays out only the steps that are new since the last one.
+
+From one pass to the next a live job's window slides by a few steps: the op table (kept by
+jobs/window_ops.py) loses its oldest steps and gains the newest, and everything else in it is
+what the last analysis laid out. Laying the window out again (a scatter of every op into the
+dense [slot, step, dp] arrays, layout.py) and splitting transfer from waiting again (per step,
+durations.py) were about half of the engine's time on a 64-rank job. So the analysis keeps what
+is per step (`Reusable`: the measured durations, which instances are present, the recorded step
+times, and the per-step terms of the layout's window-wide sums) and `slide` builds the next
+window from it and the new steps alone. What is window-wide (D*, the jitter allowance, every
+replay) is computed over the whole window as before: it depends on every step.
+
+The result is the one a full build gives: the new steps are laid out by the same code, their
+transfers split by the same arithmetic (each step's are its own), and the window-wide sums are
+sums of the same per-step terms in the same order. The only inputs that may differ are
+each step's time origin (the start of one of its ops: which one depends on the rows a build
+samples), which moves start times by a constant: transfers and step times agree to the last
+bits of the float width. Whenever the window is not the old one slid on (a slot, worker or
+stage appears or disappears, the main-stream order or the float width changes, the rows do not
+add up), `slide` answers None and the caller builds the window whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from smon_server.whatif import ops as O
+from smon_server.whatif.durations import trace_times, transfers_in_place
+from smon_server.whatif.graph import StepGraph, build_graph
+from smon_server.whatif.layout import (
+    AnalysisError,
+    LayoutQuality,
+    PerStep,
+    StepLayout,
+    build_layout,
+    host_line_counts,
+    main_order_of,
+    reordered_per_step,
+)
+from smon_server.whatif.ops import OpTable
+
+
+@dataclass(frozen=True)
+class Reusable:
+    """What an analysis leaves for the next analysis of the same window slid on."""
+
+    layout: StepLayout  # start and present released; duration is the measured durations
+    present: np.ndarray  # [n_slots, n_steps, n_dp]
+    trace_step_time: np.ndarray  # [n_steps]
+
+    @property
+    def nbytes(self) -> int:
+        per_step = self.layout.per_step
+        extra = 0 if per_step is None else int(per_step.rel_sum.nbytes + per_step.rel_count.nbytes)
+        return int(self.layout.duration.nbytes + self.present.nbytes) + extra
+
+
+@dataclass(frozen=True)
+class Slid:
+    """The window laid out from a Reusable and its new steps, ready for durations.ideal_durations."""
+
+    layout: StepLayout  # start and present released; duration is the measured durations
+    graph: StepGraph
+    present: np.ndarray
+    trace_step_time: np.ndarray
+
+
+def slide(table: OpTable, dtype: np.dtype, kept: Reusable) -> Slid | None:
+    """`table`'s window from `kept` and the rows of the steps after its newest, or None when
+    `table` is not `kept`'s window slid on (the caller then builds it whole)."""
+    old, per = kept.layout, kept.layout.per_step
+    if per is None or old.duration.dtype != dtype or not len(table) or not old.steps.size:
+        return None
+    newest = int(old.steps[-1])
+    new_rows = table.step > newest
+    n_new = int(np.count_nonzero(new_rows))
+    keep = old.steps >= int(table.step.min())
+    if not keep.any() or len(table) - n_new != int(per.rows[keep].sum()):
+        return None  # the old steps left are not exactly the rows the table has before the new ones
+    names = [old.op_types[int(c)] for c in old.slot_type]
+    codes = np.array([table.code(name) for name in names], dtype=np.int32)
+    if (codes < 0).any():
+        return None
+    # A full build numbers the slots by (stage, op type code, seq_id): the codes may have moved.
+    if not np.array_equal(np.lexsort((old.slot_seq, codes, old.slot_stage)), np.arange(codes.size)):
+        return None
+    n_slots, n_dp = old.n_slots, len(old.dp_ranks)
+    new = _new_steps(table.take(new_rows), dtype, old, names) if n_new else _no_steps(n_slots, n_dp, dtype)
+    if new is None:
+        return None
+    start, duration, present_new, steps, origin, rows, rel_sum, rel_count = new
+
+    n_stages = len(old.stages)
+    is_p2p = np.array([name in O.P2P_OP_TYPES for name in names], dtype=bool)
+    rel_sum = np.concatenate([per.rel_sum[:, keep], rel_sum], axis=1)
+    rel_count = np.concatenate([per.rel_count[:, keep], rel_count], axis=1)
+    order = main_order_of(rel_sum, rel_count, old.slot_stage, is_p2p, n_stages)
+    if any(not np.array_equal(a, b) for a, b in zip(order, old.main_order, strict=True)):
+        return None  # the kept steps' reordered counts were taken against the old order
+    present = np.concatenate([kept.present[:, keep], present_new], axis=1)
+    bounds = np.searchsorted(old.slot_stage, np.arange(n_stages + 1))
+    reported = np.stack(
+        [present[bounds[s] : bounds[s + 1]].any(axis=0) for s in range(n_stages)], axis=2
+    )  # [step, dp, stage]
+    worker_seen = np.asarray(reported.any(axis=0))
+    if not np.array_equal(worker_seen, per.worker_seen) or not reported[:, worker_seen].all():
+        return None  # a worker left the window, or a new step is not complete without it
+    if not present.any(axis=(1, 2)).all():
+        return None  # a slot slid out of the window: a full build would not have it
+    reordered = np.concatenate([per.reordered[keep], reordered_per_step(start, order)])
+    step_present = np.concatenate([per.present[keep], np.count_nonzero(present_new, axis=(0, 2))])
+    all_rows = np.concatenate([per.rows[keep], rows])
+    all_steps = np.concatenate([old.steps[keep], steps])
+    rows_used, n_present = int(all_rows.sum()), int(step_present.sum())
+    expected = int((np.diff(bounds) * worker_seen.sum(axis=0)).sum()) * all_steps.size
+
+    layout = StepLayout(
+        op_types=table.op_types,
+        steps=all_steps,
+        dp_ranks=old.dp_ranks,
+        stages=old.stages,
+        slot_stage=old.slot_stage,
+        slot_type=codes,
+        slot_seq=old.slot_seq,
+        slot_chunk=old.slot_chunk,
+        main_order=order,
+        start=np.empty((0, 0, 0)),
+        duration=old.duration,  # replaced by the measured durations below
+        present=np.empty((0, 0, 0), dtype=bool),
+        step_origin=np.concatenate([old.step_origin[keep], origin]),
+        ranks=old.ranks,
+        quality=LayoutQuality(
+            rows_used=rows_used,
+            dropped_steps=0,
+            duplicate_ops=rows_used - n_present,
+            absent_ops=max(0, expected - n_present),
+            reordered_instances=int(reordered.sum()),
+            missing_workers=int((~worker_seen).sum()),
+            **host_line_counts(table),
+        ),
+        ends_at_last_op=table.ends_at_last_op,
+        per_step=PerStep(
+            rows=all_rows,
+            present=step_present,
+            reordered=reordered,
+            rel_sum=rel_sum,
+            rel_count=rel_count,
+            worker_seen=worker_seen,
+        ),
+    )
+    try:
+        graph = build_graph(layout)
+    except AnalysisError:
+        return None
+    trace = trace_times(start, duration)
+    measured = transfers_in_place(start, duration, present_new, graph)
+    layout.duration = np.concatenate([old.duration[:, keep], measured], axis=1)
+    return Slid(
+        layout=layout,
+        graph=graph,
+        present=present,
+        trace_step_time=np.concatenate([kept.trace_step_time[keep], trace]),
+    )
+
+
+_NewSteps = tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray
+]
+
+
+def _new_steps(rows: OpTable, dtype: np.dtype, old: StepLayout, names: list[str]) -> _NewSteps | None:
+    """The new rows laid out on `old`'s slots: start, duration, present, steps, origins, rows per
+    step, and the main-order sums; None when they do not fit `old`'s slots and workers."""
+    try:
+        block = build_layout(rows, dtype)
+    except AnalysisError:
+        return None
+    q, per = block.quality, block.per_step
+    if q.dropped_steps or q.invalid_rows or per is None:
+        return None
+    if not (
+        np.array_equal(block.dp_ranks, old.dp_ranks)
+        and np.array_equal(block.stages, old.stages)
+        and np.array_equal(block.ranks, old.ranks)
+    ):
+        return None
+    index = {(int(old.slot_stage[j]), names[j], int(old.slot_seq[j])): j for j in range(old.n_slots)}
+    at = np.array(
+        [
+            index.get((int(block.slot_stage[j]), block.type_name(j), int(block.slot_seq[j])), -1)
+            for j in range(block.n_slots)
+        ],
+        dtype=np.intp,
+    )
+    if (at < 0).any() or not np.array_equal(block.slot_chunk, old.slot_chunk[at]):
+        return None
+    n_slots, k, n_dp = old.n_slots, block.steps.size, old.dp_ranks.size
+    start = np.full((n_slots, k, n_dp), np.nan, dtype=dtype)
+    duration = np.zeros((n_slots, k, n_dp), dtype=dtype)
+    present = np.zeros((n_slots, k, n_dp), dtype=bool)
+    start[at], duration[at], present[at] = block.start, block.duration, block.present
+    rel_sum = np.zeros((n_slots, k))
+    rel_count = np.zeros((n_slots, k), dtype=np.int64)
+    rel_sum[at], rel_count[at] = per.rel_sum, per.rel_count
+    return start, duration, present, block.steps, block.step_origin, per.rows, rel_sum, rel_count
+
+
+def _no_steps(n_slots: int, n_dp: int, dtype: np.dtype) -> _NewSteps:
+    empty = np.empty((n_slots, 0, n_dp), dtype=dtype)
+    return (
+        empty,
+        empty.copy(),
+        np.zeros((n_slots, 0, n_dp), dtype=bool),
+        np.empty(0, dtype=np.int64),
+        np.empty(0),
+        np.empty(0, dtype=np.int64),
+        np.zeros((n_slots, 0)),
+        np.zeros((n_slots, 0), dtype=np.int64),
+    )
