@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -256,8 +257,17 @@ class SimAgent:
         figures.dropped += dropped
 
 
+def open_channels(target: str | Sequence[str], count: int) -> list[grpc.aio.Channel]:
+    """`count` connections, spread round-robin over the replicas in `target` (a load balancer's
+    way: each connection stays with the replica it reached)."""
+    targets = [target] if isinstance(target, str) else list(target)
+    return [
+        grpc.aio.insecure_channel(targets[i % len(targets)], options=CHANNEL_OPTIONS) for i in range(count)
+    ]
+
+
 async def fleet(
-    target: str, agents: list[SimAgent], duration: float, warmup: float, per_channel: int
+    target: str | Sequence[str], agents: list[SimAgent], duration: float, warmup: float, per_channel: int
 ) -> Figures:
     """All agents at once, starts spread over one flush interval as a fleet's ranks are; each
     `per_channel` agents share a channel (a connection), each agent its own stream."""
@@ -265,9 +275,7 @@ async def fleet(
     start = time.perf_counter() + 1.0
     stop = start + warmup + duration
     spread = agents[0].config.flush_interval if agents else 1.0
-    channels = [
-        grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in range(0, len(agents), per_channel)
-    ]
+    channels = open_channels(target, len(range(0, len(agents), per_channel)))
     try:
         await asyncio.gather(
             *(
@@ -409,7 +417,12 @@ class SimRelay:
 
 
 async def relayed_fleet(
-    target: str, agents: list[SimAgent], duration: float, warmup: float, ranks_per_host: int, per_channel: int
+    target: str | Sequence[str],
+    agents: list[SimAgent],
+    duration: float,
+    warmup: float,
+    ranks_per_host: int,
+    per_channel: int,
 ) -> Figures:
     """The fleet as hosts of `ranks_per_host` ranks, each host one relay stream, `per_channel`
     relays a channel (1: a connection each, as hosts); hosts start spread over one flush interval."""
@@ -421,9 +434,7 @@ async def relayed_fleet(
     for relay in relays:
         for agent in relay.agents:
             agent.coords.host = f"host-{relay.agents[0].rank // ranks_per_host}"
-    channels = [
-        grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) for _ in range(0, len(relays), per_channel)
-    ]
+    channels = open_channels(target, len(range(0, len(relays), per_channel)))
     try:
         await asyncio.gather(
             *(

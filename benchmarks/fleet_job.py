@@ -113,7 +113,7 @@ async def poll(url: str, every: float, stop: float, polls: Polls) -> None:
 
 
 async def run_job(
-    target: str, summary_url: str, agents: list[RankAgent], args: argparse.Namespace
+    target: str | list[str], summary_url: str, agents: list[RankAgent], args: argparse.Namespace
 ) -> tuple[Figures, Polls, float]:
     """The fleet and the poller side by side; returns the job's origin (epoch seconds of step 0)."""
     origin = time.time() + 1.0  # fleet() starts the agents one second from now
@@ -178,39 +178,49 @@ def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str,
     job = f"fleet-job-{n}"
     with fresh_database("smon_bench_fleet_job") as database_url:
         url = make_url(database_url)
-        http, grpc_port = free_port(), free_port()
         env = {"SMON_ANALYSIS_INTERVAL": str(args.analysis_interval)}
         env.update(kv.split("=", 1) for kv in args.env)
         log = Path(args.server_log) if args.server_log else None
-        server = start_server(database_url, http, grpc_port, env, log_path=log)
-        conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        summary_url = f"http://127.0.0.1:{http}/api/v1/jobs/{urllib.parse.quote(job, safe='')}/summary"
+        # `--replicas` servers on the one database; connections spread over them round-robin
+        servers, targets, https = [], [], []
         try:
+            for i in range(args.replicas):
+                http, grpc_port = free_port(), free_port()
+                path = None if log is None else log.with_name(f"{log.name}.{i}") if i else log
+                servers.append(start_server(database_url, http, grpc_port, env, log_path=path))
+                targets.append(f"127.0.0.1:{grpc_port}")
+                https.append(http)
+            conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+            summary_url = (
+                f"http://127.0.0.1:{https[0]}/api/v1/jobs/{urllib.parse.quote(job, safe='')}/summary"
+            )
             agents = make_agents(job, n, args, tables, config)
             database = url.database or ""
-            workers = children(server.pid)
+            pids = [server.pid for server in servers]
+            workers = [w for pid in pids for w in children(pid)]
             before = {
-                "server": cpu_seconds([server.pid]),
+                "server": cpu_seconds(pids),
                 "analysis": cpu_seconds(workers),
                 "client": time.process_time(),
                 "backends": cpu_seconds(backends_of(database)),
             }
             seen = set(backends_of(database))
             started = time.perf_counter()
-            figures, polls, origin = asyncio.run(run_job(f"127.0.0.1:{grpc_port}", summary_url, agents, args))
+            figures, polls, origin = asyncio.run(run_job(targets, summary_url, agents, args))
             wall = time.perf_counter() - started
             seen |= set(backends_of(database))
-            workers = sorted(set(workers) | set(children(server.pid)))
+            workers = sorted(set(workers) | {w for pid in pids for w in children(pid)})
             cpu = {
-                "server": cpu_seconds([server.pid]) - before["server"],
+                "server": cpu_seconds(pids) - before["server"],
                 "analysis": cpu_seconds(workers) - before["analysis"],
                 "client": time.process_time() - before["client"],
                 "backends": cpu_seconds(sorted(seen)) - before["backends"],
             }
             rows, distinct = stored_steps(conninfo, job)
         finally:
-            server.kill()
-            server.wait(10)
+            for server in servers:
+                server.kill()
+                server.wait(10)
     if figures.error_codes:
         print(f"  streams ended by errors (reopened, unacked batches resent): {dict(figures.error_codes)}")
     if polls.errors:
@@ -259,6 +269,7 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=2.0, help="seconds between summary reads")
     parser.add_argument("--per-channel", type=int, default=8, help="ranks sharing one connection")
     parser.add_argument("--ranks-per-host", type=int, default=1, help="ranks one shipper carries")
+    parser.add_argument("--replicas", type=int, default=1, help="servers on the one database")
     parser.add_argument(
         "--drain", type=float, default=120.0, help="seconds an agent waits for its last Acks after the run"
     )
@@ -271,7 +282,8 @@ def main() -> None:
     print(
         f"commit {commit.stdout.strip()}, load {os.getloadavg()}, one job, {args.rate} steps/s a rank, "
         f"{args.duration:.0f} s measured after {args.warmup:.0f} s, analysis interval "
-        f"{args.analysis_interval:.0f} s, {args.per_channel} rank(s) a connection, one replica"
+        f"{args.analysis_interval:.0f} s, {args.per_channel} rank(s) a connection, "
+        f"{args.ranks_per_host} rank(s) a host stream, {args.replicas} replica(s)"
     )
     print(
         f"{'ranks':>6} {'batch/s':>8} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'refused':>7} "
