@@ -685,6 +685,9 @@ def main() -> None:
     )
     parser.add_argument("--tiny-steps", type=int, default=50, help="steps per tiny-loop block")
     parser.add_argument(
+        "--background-steps", type=int, default=10_000, help="steps of figure 3 (CPU off the training thread)"
+    )
+    parser.add_argument(
         "--ddp-tiny-rounds", type=int, default=100, help="rounds of the one-rank DDP tiny loop (0: skip it)"
     )
     parser.add_argument("--ddp-rounds", type=int, default=1000, help="rounds per DDP job (0: skip figure 2)")
@@ -714,10 +717,15 @@ def main() -> None:
             f"server (separate process) at {server}; NVIDIA detector: "
             + ("nvidia-resiliency-ext, CUPTI stubbed" if nvidia is not None else "not installed")
         )
-        print("3) SMon's CPU off the training thread, 10000 tiny steps (measured first, on its own)")
+        print(
+            f"3) SMon's CPU off the training thread, {args.background_steps} tiny steps "
+            "(measured first, on its own)"
+        )
         in_process = shipper = math.nan
         if os.path.isdir("/proc/self/task"):
-            in_process, shipper = background_cpu_per_step(*make_loop(8, 1, 64), steps=10_000, server=server)
+            in_process, shipper = background_cpu_per_step(
+                *make_loop(8, 1, 64), steps=args.background_steps, server=server
+            )
             print(f"  feeder + NVML threads (training process): {in_process * 1e6:.1f} µs per step")
             print(f"  shipper process (batching, gRPC):          {shipper * 1e6:.1f} µs per step")
         else:

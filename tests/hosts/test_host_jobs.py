@@ -77,6 +77,9 @@ def run(
         "SMON_TEST_SICK_HOST": "node-a",
         "SMON_TEST_SICK_NVML": SICK,
         "SMON_TEST_ALL_SLOW": "1" if all_slow else "0",
+        # Each rank plays a host of its own here (SMON_HOST), on one machine: node-b's relay would
+        # be its LOCAL_RANK 0, which is node-a's rank, so its ranks would wait out the fallback.
+        "SMON_AGENT_RELAY": "off",
     }
     args = ["--steps", str(STEPS), "--device-ms", "40", "--delay", DELAY, "--slow-rank", str(slow_rank)]
     done = run_job_command(training_command(RANKS, args, module="tests.hosts.host_job"), env, 240)
