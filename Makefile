@@ -54,7 +54,9 @@ demo: venv web
 # real multi-process jobs or kill servers (marked `slow` or `torch`) one at a time, so their
 # margins are not shared with other tests' load. Exit code 5 is "nothing selected" (a
 # PYTEST_ARGS that picks tests of one pass only).
-TEST_WORKERS ?= 2
+# Three workers on two cores: the quick tests wait on servers, databases and sockets more than they
+# compute (a whole CI run averages one busy core of two).
+TEST_WORKERS ?= 3
 
 test: venv web
 	$(PY) -m ruff check .
