@@ -109,6 +109,21 @@ class Figures:
     lost: int = 0  # steps in batches never acked by the end
     debug_errors: list[str] = field(default_factory=list)  # the first few, with grpc's own detail
 
+    def acked(self, duration: float, default_flush: float) -> dict[str, Any]:
+        """What the fleet got from its Acks over `duration` measured seconds."""
+        lat = sorted(self.latencies) or [float("nan")]
+        return {
+            "batches_s": self.batches / duration,
+            "steps_s": self.steps / duration,
+            "p50": statistics.median(lat),
+            "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "refused": self.refused,
+            "dropped": self.dropped,
+            "lost": self.lost,
+            "reconnects": self.reconnects,
+            "flush": statistics.median(self.flush_seconds) if self.flush_seconds else default_flush,
+        }
+
 
 class SimAgent:
     """One rank's shipper, paced: its steps come at `rate`, its batches as the shipper cuts them."""
@@ -520,20 +535,11 @@ def one_level(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str
         )
         for line in figures.debug_errors:
             print(f"    {line}")
-    lat = sorted(figures.latencies) or [float("nan")]
     all_batches = max(1, sum(a.seq for a in agents))
     out = {
         "agents": n,
-        "batches_s": figures.batches / args.duration,
-        "steps_s": figures.steps / args.duration,
-        "p50": statistics.median(lat),
-        "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
-        "refused": figures.refused,
-        "dropped": figures.dropped,
-        "lost": figures.lost,
-        "reconnects": figures.reconnects,
+        **figures.acked(args.duration, config.flush_interval),
         "throttled": figures.throttled,
-        "flush": statistics.median(figures.flush_seconds) if figures.flush_seconds else config.flush_interval,
         "cpu_server": cpu["server"] / all_batches * 1e6,
         "cpu_server_step": cpu["server"] / max(1, sum(a.sent_steps for a in agents)) * 1e6,
         "cpu_pg": cpu["backends"] / all_batches * 1e6,

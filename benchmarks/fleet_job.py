@@ -225,19 +225,10 @@ def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str,
         print(f"  streams ended by errors (reopened, unacked batches resent): {dict(figures.error_codes)}")
     if polls.errors:
         print(f"  summary reads that failed: {polls.errors}")
-    lat = sorted(figures.latencies) or [float("nan")]
     fresh = freshness(polls, origin, args.rate, origin + args.warmup)
     return {
         "ranks": n,
-        "batches_s": figures.batches / args.duration,
-        "steps_s": figures.steps / args.duration,
-        "p50": statistics.median(lat),
-        "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
-        "refused": figures.refused,
-        "dropped": figures.dropped,
-        "lost": figures.lost,
-        "reconnects": figures.reconnects,
-        "flush": statistics.median(figures.flush_seconds) if figures.flush_seconds else config.flush_interval,
+        **figures.acked(args.duration, config.flush_interval),
         "sent": sum(a.sent_steps for a in agents),
         "rows": rows,
         "distinct": distinct,
