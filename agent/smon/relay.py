@@ -56,6 +56,10 @@ MAX_IN_FLIGHT = 8
 # Bytes of parts per HostBatch (the server's default receive limit is far above it).
 MAX_HOST_BATCH_BYTES = 2 * 1024 * 1024
 _POLL = 0.2
+# A rank's final batch carries no records (smon/shipper.py), so it is small: only parts this small
+# are parsed to find it, and a final part leaves at once instead of waiting for the others' turn
+# (a job's end would otherwise wait one flush interval for ranks that have already gone).
+_FINAL_PEEK_BYTES = 4096
 
 
 def relay_address(job: str, host: str, server: str) -> str:
@@ -96,6 +100,7 @@ class Relay:
         self._lock = threading.Lock()
         self._members: set[_Member] = set()
         self._pending: list[tuple[_Member, bytes]] = []
+        self._urgent = False  # a final part is pending: bundle now
         self._in_flight: dict[int, list[_Member]] = {}  # HostBatch seq -> the members of its parts
         self._seq = 0
         self._refused: str | None = None  # why the ranks must ship directly (then for good)
@@ -187,12 +192,14 @@ class Relay:
         def read() -> None:
             try:
                 for raw in requests:
+                    final = len(raw) <= _FINAL_PEEK_BYTES and _is_final(raw)
                     with self._lock:
                         if member not in self._members:
                             return
                         self._pending.append((member, raw))
+                        self._urgent = self._urgent or final
                         everyone = len({m for m, _ in self._pending}) >= len(self._members)
-                    if everyone:
+                    if everyone or final:
                         self._wake.set()
             except Exception:  # the rank's stream ended (cancelled, cut): the loop below sees it
                 pass
@@ -227,6 +234,7 @@ class Relay:
             members = list(self._members)
             self._members.clear()
             self._pending.clear()
+            self._urgent = False
             self._in_flight.clear()
         for member in members:
             member.acks.put(end)
@@ -313,7 +321,7 @@ class Relay:
                     self._pending
                     and len(self._in_flight) < MAX_IN_FLIGHT
                     and now >= self._hold_until
-                    and (everyone or now - last >= interval)
+                    and (everyone or self._urgent or now - last >= interval)
                 ):
                     taken, size = 0, 0
                     while taken < len(self._pending) and (
@@ -322,6 +330,7 @@ class Relay:
                         size += len(self._pending[taken][1])
                         taken += 1
                     parts, self._pending = self._pending[:taken], self._pending[taken:]
+                    self._urgent = self._urgent and bool(self._pending)
                     self._seq += 1
                     self._in_flight[self._seq] = [m for m, _ in parts]
                     for member, _ in parts:
@@ -352,3 +361,11 @@ class Relay:
             for member in members:
                 member.in_flight -= 1
         self._wake.set()
+
+
+def _is_final(raw: bytes) -> bool:
+    """Whether a rank's serialized batch is its last (a part that does not parse is not)."""
+    try:
+        return pb.Batch.FromString(raw).final
+    except Exception:  # the server judges malformed parts; the relay only forwards them
+        return False

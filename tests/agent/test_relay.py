@@ -8,6 +8,7 @@ without losing or doubling a step; a server without StreamHost gets every rank's
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
@@ -15,13 +16,16 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from sqlalchemy import select
 
 from smon.config import AgentConfig, resolve_config
+from smon.errors import ErrorCounter
 from smon.outlet import ProcessOutlet
-from smon.relay import relay_address
+from smon.relay import Relay, relay_address
 from smon.v1 import ingest_pb2 as pb
+from smon.v1 import ingest_pb2_grpc as pb_grpc
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import StepRecord
 from tests.agent.ingest_server import IngestServer
@@ -35,11 +39,12 @@ def server(sqlite_url: str) -> Iterator[BackgroundServer]:
         yield running
 
 
-def _config(server: str) -> AgentConfig:
+def _config(server: str, *, flush_interval: float = 0.05, heartbeat_interval: float = 0.2) -> AgentConfig:
     return AgentConfig(
         server=server,
-        flush_interval=0.05,
-        heartbeat_interval=0.2,
+        flush_interval=flush_interval,
+        heartbeat_interval=heartbeat_interval,
+        max_batch_records=1 if flush_interval > 1 else AgentConfig.max_batch_records,
         flush_timeout=5.0,
         backoff_base=0.02,
         backoff_cap=0.1,
@@ -49,10 +54,13 @@ def _config(server: str) -> AgentConfig:
     )
 
 
-def _start_host(server: str, job: str, ranks: int, host: str = "") -> list[ProcessOutlet]:
+def _start_host(
+    server: str, job: str, ranks: int, host: str = "", config: AgentConfig | None = None
+) -> list[ProcessOutlet]:
     """One host's sidecars, LOCAL_RANK 0 (the relay) first."""
     host = host or f"host-{uuid.uuid4().hex[:6]}"
-    return [ProcessOutlet(_config(server), f.coords(job, rank, ranks, host=host)) for rank in range(ranks)]
+    config = config or _config(server)
+    return [ProcessOutlet(config, f.coords(job, rank, ranks, host=host)) for rank in range(ranks)]
 
 
 def _send(outlet: ProcessOutlet, records: list[pb.StepRecord]) -> None:
@@ -107,6 +115,31 @@ def test_a_hosts_ranks_reach_the_server_on_one_stream(server: BackgroundServer) 
     assert sorted(stored) == sorted((r, s) for r in range(ranks) for s in range(steps))
     socket = relay_address(job, host, server.grpc_target).removeprefix("unix:")
     assert not Path(socket).exists()  # the relay cleaned up
+
+
+def test_a_ranks_final_batch_leaves_the_relay_at_once(server: BackgroundServer) -> None:
+    """A rank that ends does not wait for the others' turn: with a 30 s flush interval and the
+    other rank connected but silent, its final batch is acked well inside 10 s."""
+    job = f.new_job_id()
+    config = _config(server.grpc_target, flush_interval=30.0, heartbeat_interval=120.0)
+    relay = Relay(config, relay_address(job, "host-0", server.grpc_target), ErrorCounter())
+    relay.start()
+    silent: queue.SimpleQueue[pb.Batch | None] = queue.SimpleQueue()
+    ending: queue.SimpleQueue[pb.Batch | None] = queue.SimpleQueue()
+    channel = grpc.insecure_channel(relay.address)
+    try:
+        stub = pb_grpc.IngestStub(channel)
+        calls = [stub.Stream(iter(q.get, None), timeout=10.0) for q in (silent, ending)]
+        assert _wait(lambda: relay.members == 2, 10.0)
+        ending.put(f.batch(job, 1, 2, final=True))
+        ack = next(a for a in calls[1] if a.seq == 1)  # within the 10 s deadline, not the 30 s interval
+        assert (ack.accepted, ack.rejected) == (0, 0)
+        assert relay.host_batches == 1
+    finally:
+        silent.put(None)
+        ending.put(None)
+        relay.close(0.0)
+        channel.close()
 
 
 def test_a_killed_relay_leaves_its_ranks_to_go_direct_with_nothing_lost_or_doubled(

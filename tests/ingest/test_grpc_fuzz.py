@@ -54,7 +54,7 @@ from tests.support.fuzzing import fuzz
 from tests.support.server_process import free_port, start_server
 from tests.support.settings import server_settings
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.parallel]  # answers and counts: no timing
 
 # The status codes an answer may end with other than OK: the bytes are no Batch (INVALID_ARGUMENT),
 # or the message is past the server's size limit (RESOURCE_EXHAUSTED, grpc's own).

@@ -23,7 +23,7 @@ from tests.install.conftest import InstalledServer, Venv, clean_env, run
 from tests.support.paths import REPO_ROOT
 from tests.support.tools import debian_tool
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.parallel]  # installs and answers: no timing
 
 STEPS = 30
 
