@@ -105,8 +105,8 @@ class OpTable:
         except ValueError:
             return -1
 
-    def take(self, rows: np.ndarray) -> OpTable:
-        """The same table restricted to `rows` (a boolean mask or an index array)."""
+    def take(self, rows: np.ndarray | slice) -> OpTable:
+        """The same table restricted to `rows` (a boolean mask, an index array, or a slice: views)."""
         return OpTable(
             op_types=self.op_types,
             dp_rank=self.dp_rank[rows],

@@ -9,13 +9,22 @@ This module only converts: it reads no store and keeps nothing between calls. Th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from smon_server.columns import StepColumns, dense_index
 from smon_server.whatif.inputs.from_steps import build_labelled_op_table, complete_steps
 from smon_server.whatif.ops import OpTable
+
+
+@dataclass(eq=False)
+class Tail:
+    """A column's buffer with room after its rows (whatif/inputs/merge.py `extend`), and where the
+    rows written to it end: only a table whose rows end there may write after them."""
+
+    buffer: np.ndarray
+    end: int
 
 
 @dataclass(frozen=True)
@@ -31,15 +40,19 @@ class StepTable:
     # step with an op (the minimum int64 for a type with none).
     row_steps: np.ndarray
     type_newest: np.ndarray
+    # Per column, the buffer it is a view of where a later pass may append (empty: none).
+    room: dict[str, Tail] = field(default_factory=dict, compare=False)
 
     @property
     def nbytes(self) -> int:
-        columns = (getattr(self.ops, name) for name in OpTable.COLUMNS)
-        return (
-            sum(int(c.nbytes) for c in columns)
-            + int(self.ops.host_duration.nbytes)
-            + int(self.times.nbytes + self.row_steps.nbytes + self.type_newest.nbytes)
-        )
+        """Memory the table holds, a column's whole buffer where it has room to grow."""
+        held = 0
+        for name in (*OpTable.COLUMNS, "host_duration"):
+            column, tail = getattr(self.ops, name), self.room.get(name)
+            held += int(
+                tail.buffer.nbytes if tail is not None and column.base is tail.buffer else column.nbytes
+            )
+        return held + int(self.times.nbytes + self.row_steps.nbytes + self.type_newest.nbytes)
 
 
 @dataclass(frozen=True)
@@ -75,8 +88,14 @@ def convert(
     row_steps, type_newest = _row_facts(ops, keep)
     for a, b in skip:
         keep &= (ops.step < a) | (ops.step >= b)
-    if not keep.all():
-        ops = ops.take(keep)
+    rows = np.flatnonzero(keep)
+    kept_steps = ops.step[rows]
+    if kept_steps.size > 1 and (kept_steps[1:] < kept_steps[:-1]).any():
+        # In step order (the engine reads rows in any order): a kept window then sheds its oldest
+        # steps as a view from the first row it keeps (merge.trim), not as a copy of the rest.
+        rows = rows[np.argsort(kept_steps, kind="stable")]
+    if rows.size != len(ops) or not np.array_equal(rows, np.arange(len(ops))):
+        ops = ops.take(rows)
     table = StepTable(
         ops=ops, labels=labels, through=newest, times=times, row_steps=row_steps, type_newest=type_newest
     )
