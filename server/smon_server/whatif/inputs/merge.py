@@ -41,12 +41,7 @@ def join_tables(parts: list[tuple[OpTable, HostLabels]]) -> tuple[OpTable, HostL
             joined[name] = np.concatenate([piece.pop(name) for piece in numbered.pieces]).astype(
                 dtype, copy=False
             )
-    host_duration = np.empty(0)
-    if any(not isinstance(part, int) for part in numbered.host_parts):
-        host_duration = np.concatenate(
-            [np.full(part, np.nan) if isinstance(part, int) else part for part in numbered.host_parts]
-        )
-    return numbered.table(joined, host_duration), numbered.labels
+    return numbered.table(joined, _join_optional(numbered.host_parts)), numbered.labels
 
 
 @dataclass
@@ -203,15 +198,12 @@ def extend(old: StepTable, new: StepTable) -> StepTable:
     for name, dtype in OpTable.COLUMNS.items():
         if name != "seq_sq":
             joined[name], room[name] = _append(kept.pop(name), added.pop(name), room.get(name), dtype)
-    host_duration = np.empty(0)
     kept_host, added_host = numbered.host_parts
-    if not isinstance(kept_host, int) and not isinstance(added_host, int):
+    if isinstance(kept_host, int) or isinstance(added_host, int):
+        host_duration = _join_optional(numbered.host_parts)
+    else:
         host_duration, room["host_duration"] = _append(
             kept_host, added_host, room.get("host_duration"), np.float64
-        )
-    elif not (isinstance(kept_host, int) and isinstance(added_host, int)):
-        host_duration = np.concatenate(
-            [np.full(part, np.nan) if isinstance(part, int) else part for part in (kept_host, added_host)]
         )
     newest = [(old.ops.op_types, old.type_newest), (new.ops.op_types, new.type_newest)]
     ops = numbered.table(joined, host_duration)

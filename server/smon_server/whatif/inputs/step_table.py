@@ -88,14 +88,13 @@ def convert(
     row_steps, type_newest = _row_facts(ops, keep)
     for a, b in skip:
         keep &= (ops.step < a) | (ops.step >= b)
-    rows = np.flatnonzero(keep)
-    kept_steps = ops.step[rows]
-    if kept_steps.size > 1 and (kept_steps[1:] < kept_steps[:-1]).any():
+    if len(ops) > 1 and (ops.step[1:] < ops.step[:-1]).any():
         # In step order (the engine reads rows in any order): a kept window then sheds its oldest
         # steps as a view from the first row it keeps (merge.trim), not as a copy of the rest.
-        rows = rows[np.argsort(kept_steps, kind="stable")]
-    if rows.size != len(ops) or not np.array_equal(rows, np.arange(len(ops))):
-        ops = ops.take(rows)
+        order = np.argsort(ops.step, kind="stable")
+        ops = ops.take(order[keep[order]])
+    elif not keep.all():
+        ops = ops.take(keep)
     table = StepTable(
         ops=ops, labels=labels, through=newest, times=times, row_steps=row_steps, type_newest=type_newest
     )
