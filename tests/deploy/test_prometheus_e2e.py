@@ -16,9 +16,8 @@ import httpx
 import pytest
 import yaml
 
-from smon_server.demo import training_command
 from smon_server.runtime import BackgroundServer
-from tests.e2e.processes import run_job_command
+from tests.e2e.processes import forked, run_job_command
 from tests.e2e.test_ddp_jobs import analysed_summary
 from tests.support import factories as f
 from tests.support.settings import server_settings
@@ -48,7 +47,7 @@ def smon(tmp_path: Path) -> Iterator[tuple[BackgroundServer, str]]:
             "SMON_JOB": job,
         }
         args = ["--steps", "40", "--device-ms", "30", "--slow-rank", "1", "--delay", "0.03"]
-        done = run_job_command(training_command(2, args, module="smon_server.demo.loop_train"), env, 300)
+        done = run_job_command(forked(2, args, module="smon_server.demo.loop_train"), env, 300)
         assert done.returncode == 0, done.stderr[-3000:]
         analysed_summary(server, job, steps=40)
         yield server, job

@@ -1,4 +1,5 @@
-"""End to end: real 4-rank gloo DDP jobs under torchrun with `smon.attach`, a real server on loopback.
+"""End to end: real 4-rank gloo DDP jobs with `smon.attach` (ranks forked with torchrun's
+environment, tests/support/forkrun.py), a real server on loopback.
 
 Each scenario injects one kind of straggler into the demo training script and checks that SMon's
 summary names it; one runs with no server at all and checks training does not notice.
@@ -19,10 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from smon_server.demo import training_command
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
-from tests.e2e.processes import run_job_command
+from tests.e2e.processes import forked, run_job_command
 from tests.support.settings import server_settings
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -55,7 +55,7 @@ def run_job(
 ) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "SMON_DEMO_QUIET": "1", **env}
     extra = ["--report", str(report)] if report else []
-    command = training_command(ranks, ["--steps", str(steps), *extra, *args], module=module)
+    command = forked(ranks, ["--steps", str(steps), *extra, *args], module)
     return run_job_command(command, full_env, timeout)
 
 
@@ -84,7 +84,8 @@ def brief(summary: dict[str, Any]) -> str:
 
 def start_job(server: BackgroundServer, name: str, args: list[str], tmp_path: Path) -> str:
     job = f"{name}-{time.time_ns()}"
-    done = run_job(args, env={"SMON_SERVER": server.grpc_target, "SMON_JOB": job}, report=tmp_path / "report")
+    env = {"SMON_SERVER": server.grpc_target, "SMON_JOB": job}
+    done = run_job(args, env=env, report=tmp_path / "report")
     assert done.returncode == 0, done.stderr[-4000:]
     return job
 

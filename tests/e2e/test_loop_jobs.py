@@ -23,10 +23,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from smon_server.demo import training_command
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Agent
-from tests.e2e.processes import run_job_command
+from tests.e2e.processes import forked, run_job_command
 from tests.e2e.test_ddp_jobs import analysed_summary, brief
 from tests.support.settings import server_settings
 
@@ -65,9 +64,7 @@ def run_job(server: BackgroundServer, name: str, args: list[str], report: Path) 
         "SMON_SERVER": server.grpc_target,
         "SMON_JOB": job,
     }
-    command = training_command(
-        RANKS, ["--steps", str(STEPS), "--report", str(report), *USUAL, *args], module=MODULE
-    )
+    command = forked(RANKS, ["--steps", str(STEPS), "--report", str(report), *USUAL, *args], module=MODULE)
     done = run_job_command(command, env, 300)
     assert done.returncode == 0, done.stderr[-4000:]
     return job, analysed_summary(server, job, steps=STEPS)

@@ -13,10 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from smon_server.demo import training_command
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
-from tests.e2e.processes import run_job_command
+from tests.e2e.processes import forked, run_job_command
 from tests.support.settings import server_settings
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -46,7 +45,7 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Background
 
 
 def run_loop(args: list[str], env: dict[str, str], report: Path) -> subprocess.CompletedProcess[str]:
-    command = training_command(RANKS, ["--steps", str(STEPS), "--report", str(report), *args], module=MODULE)
+    command = forked(RANKS, ["--steps", str(STEPS), "--report", str(report), *args], module=MODULE)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     return run_job_command(command, full_env, 300)
 

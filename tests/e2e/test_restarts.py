@@ -16,10 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from smon_server.demo import training_command
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
-from tests.e2e.processes import run_job_command
+from tests.e2e.processes import forked, run_job_command
 from tests.support.settings import server_settings
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.postgres]
@@ -113,7 +112,7 @@ def test_a_resubmitted_job_is_a_new_attempt(live_server: BackgroundServer) -> No
     job = f"resubmitted-{time.time_ns()}"
     steps = 35
     for args in (["--slow-rank", str(SLOW_RANK), "--delay", "0.04"], []):  # slow first, then healthy
-        command = training_command(RANKS, ["--steps", str(steps), "--device-ms", "40", *args])
+        command = forked(RANKS, ["--steps", str(steps), "--device-ms", "40", *args])
         done = run_job_command(command, job_env(live_server, job), timeout=240)
         assert done.returncode == 0, done.stderr[-4000:]
 

@@ -14,11 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from smon_server.demo import training_command
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from tests.alerts.receivers import Receiver, receiver
-from tests.e2e.processes import run_job_command
+from tests.e2e.processes import forked, run_job_command
 from tests.support.settings import server_settings
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -82,7 +81,7 @@ def run(
         "SMON_AGENT_RELAY": "off",
     }
     args = ["--steps", str(STEPS), "--device-ms", "40", "--delay", DELAY, "--slow-rank", str(slow_rank)]
-    done = run_job_command(training_command(RANKS, args, module="tests.hosts.host_job"), env, 240)
+    done = run_job_command(forked(RANKS, args, module="tests.hosts.host_job"), env, 240)
     assert done.returncode == 0, done.stderr[-4000:]
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

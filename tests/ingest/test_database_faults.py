@@ -128,9 +128,10 @@ def test_a_database_cut_off_reads_as_two_lines_and_loses_nothing(server: Server)
     counters = run.mon.counters()
     steps = counters["last_step"] + 1
     logged = run.logged(until="database available again")
-    assert run.stored() == (steps, steps)  # every step, once
-    assert counters["dropped_records"] == counters["unconfirmed_records"] == 0
-    assert counters["resent_batches"] > 0  # batches were refused meanwhile, and resent
+    seen = f"agent: {counters}\nserver's log since the run began:\n{logged}"
+    assert run.stored() == (steps, steps), seen  # every step, once
+    assert counters["dropped_records"] == counters["unconfirmed_records"] == 0, seen
+    assert counters["resent_batches"] > 0, seen  # batches were refused meanwhile, and resent
     assert_reads_well(logged, outages=1)
     refused = re.search(r"available again after [\d.]+ s; meanwhile: .*?(\d+) ingest batches refused", logged)
     assert refused is not None and int(refused.group(1)) > 0, logged

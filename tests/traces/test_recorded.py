@@ -4,13 +4,12 @@ with one rank sleeping in every forward (profiler_job.py). Recorded once per ses
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 import smon_server.offline as offline
-from tests.e2e.processes import run_job_command
+from tests.e2e.processes import forked, run_job_command
 from tests.support.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -25,11 +24,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     out = {}
     for ranks, slow in JOBS.items():
         folder = tmp_path_factory.mktemp(f"profile{ranks}")
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-            str(Path(__file__).parent / "profiler_job.py"), str(folder),
-            "--slow-rank", str(slow), "--delay", str(DELAY), *(["--gzip"] if ranks == 2 else []),
-        ]  # fmt: skip
+        gzip = ["--gzip"] if ranks == 2 else []
+        args = [str(folder), "--slow-rank", str(slow), "--delay", str(DELAY), *gzip]
+        command = forked(ranks, args, module="tests.traces.profiler_job")
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
         done = run_job_command(command, env, timeout=300)
         assert done.returncode == 0, done.stderr[-4000:]

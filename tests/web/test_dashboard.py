@@ -16,11 +16,10 @@ from urllib.parse import parse_qs, quote, urlsplit
 import httpx
 import pytest
 
-from smon_server.demo import training_command
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Alert
-from tests.e2e.processes import run_job_command
+from tests.e2e.processes import forked, run_job_command
 from tests.support.factories import stored_job
 from tests.support.settings import server_settings
 from tests.web.conftest import screenshot
@@ -56,7 +55,7 @@ def live(
             "SMON_NVML_INTERVAL": "0.5",
         }
         args = ["--steps", str(STEPS), "--slow-rank", str(SLOW_RANK), "--delay", str(DELAY)]
-        done = run_job_command(training_command(RANKS, args), env, timeout=300)
+        done = run_job_command(forked(RANKS, args), env, timeout=300)
         assert done.returncode == 0, done.stderr[-4000:]
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
