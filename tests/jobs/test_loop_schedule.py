@@ -10,7 +10,8 @@ import pytest
 from smon_server.context import ServerContext
 from smon_server.jobs import loop
 from smon_server.jobs.loop import analysis_pass, pause_after
-from smon_server.store import migrate
+from smon_server.store import grids, migrate
+from smon_server.store.models import AnalysisResult
 from tests.support import factories as f
 from tests.support.settings import server_settings
 from tests.support.stored import store_batches
@@ -108,3 +109,19 @@ def test_the_lag_says_how_stale_the_jobs_with_news_are(context: ServerContext) -
     )
     assert analysis_pass(context, f.T0 + 100) == 1
     assert stats.lag_seconds._value.get() == pytest.approx(60.0)  # computed at T0 + 40
+
+
+def test_a_write_stamped_before_a_pass_but_read_after_it_is_news(context: ServerContext) -> None:
+    """An ingest transaction stamps its time before it commits; a pass that began in between read
+    the records without it. Its records (here the last rank's, of steps the others sent) must
+    bring the job back into the next pass, though its stamp is older than the pass."""
+    job = f.new_job_id("late-rank")
+    records = f.dp_job_steps(4, range(20), origin=f.T0)
+    store_batches(context.db, [f.batch(job, r, 4, steps=records[r]) for r in range(3)], now=f.T0 + 1)
+    assert analysis_pass(context, f.T0 + 10) == 1
+    store_batches(context.db, [f.batch(job, 3, 4, steps=records[3])], now=f.T0 + 5)  # stamped before
+    assert analysis_pass(context, f.T0 + 11) == 1
+    with context.db.session() as session:
+        stored = session.get(AnalysisResult, (job, 1))
+        assert stored is not None and grids.unpack(stored.heatmap).ranks.tolist() == [0, 1, 2, 3]
+    assert analysis_pass(context, f.T0 + 12) == 0  # read: no news any more

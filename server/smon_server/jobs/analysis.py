@@ -40,6 +40,7 @@ def analyze_job(
     now: float,
     window: StepWindow | None = None,
 ) -> dict[str, Any]:
+    step_writes = job.step_writes  # before any record is read: a write after it is news
     lo, hi = queries.resolve_window(
         session=session,
         job=job,
@@ -136,6 +137,7 @@ def analyze_job(
     return {
         "state": liveness.state.value,
         "computed_at": now,
+        "step_writes": step_writes,
         "window_start": window_start,
         "window_end": window_end,
         "summary": summary,

@@ -73,6 +73,8 @@ def record(
             session.add(row)
         row.state = current_state(session=session, job=job, stall_seconds=stall_seconds, now=now).value
         row.error, row.error_at = reason, now
+        # Tried again after the next write (refresh.py); what arrived while it failed is in it.
+        row.step_writes_seen = job.step_writes
     if again:
         log.debug("analysis of job %s (attempt %d) failed again: %s", job_id, attempt, reason)
     else:

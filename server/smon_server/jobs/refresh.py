@@ -71,9 +71,12 @@ _CHUNK = 1000
 
 
 def _news_without_state(job: Job, previous: AnalysisResult) -> bool:
-    """News that needs no look at the agents: a worker died on the last pass, or new steps."""
+    """News that needs no look at the agents: a worker died on the last pass, or step records
+    stored since the last pass read them (new steps, or a late rank's records of old ones)."""
     if previous.error == WORKER_DIED:
         return True  # killed once: perhaps for another process's memory (jobs/workers.py)
+    if previous.step_writes_seen is not None:
+        return job.step_writes > previous.step_writes_seen
     since = max(previous.computed_at, previous.error_at or previous.computed_at)
     return job.last_step_seen is not None and job.last_step_seen > since
 

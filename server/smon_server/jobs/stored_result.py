@@ -15,6 +15,7 @@ def store_result(row: AnalysisResult, result: dict[str, Any]) -> None:
     stragglers = summary.get("stragglers") or []
     diagnoses = summary.get("diagnoses") or []
     row.computed_at = result["computed_at"]
+    row.step_writes_seen = result.get("step_writes")
     row.state = result["state"]
     row.from_step = summary.get("from_step")
     row.to_step = summary.get("to_step")

@@ -60,6 +60,10 @@ class Job(Base):
     last_step: Mapped[int | None] = mapped_column(BigInteger, default=None)
     # Server time when the last step record arrived: "no step for SMON_STALL_SECONDS" reads this.
     last_step_seen: Mapped[float | None] = mapped_column(Double, default=None)
+    # Ingest transactions that stored step records of this job attempt: a pass that read n has
+    # news when there are more. (A time cannot say it: a write stamped before a pass began may
+    # commit after the pass read the records.)
+    step_writes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     # Accumulated by the analysis loop: waste × GPUs × wall time covered by new steps.
     gpu_hours_wasted: Mapped[float] = mapped_column(Double, default=0.0)
     wasted_until: Mapped[float | None] = mapped_column(Double, default=None)
@@ -236,6 +240,9 @@ class AnalysisResult(Base):
     job_id: Mapped[str] = mapped_column(String(256), primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False, default=1)
     computed_at: Mapped[float] = mapped_column(Double)
+    # The job's step_writes as the pass read it before reading any record (None: stored before
+    # the counter; computed_at decides for it).
+    step_writes_seen: Mapped[int | None] = mapped_column(BigInteger, default=None)
     # The job's state when this was computed: the state served next to these numbers.
     state: Mapped[str] = mapped_column(String(16), default="")
     from_step: Mapped[int | None] = mapped_column(BigInteger)

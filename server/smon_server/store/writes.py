@@ -425,6 +425,7 @@ def _upsert_jobs(
                 "last_seen": now,
                 "last_step": max((int(b.steps.step.max()) for b in with_steps), default=None),
                 "last_step_seen": now if with_steps else None,
+                "step_writes": 1 if with_steps else 0,
                 "gpu_hours_wasted": 0.0,
             }
         )
@@ -441,7 +442,7 @@ def _upsert_sql(table: str) -> str:
 
 _JOB_COLUMNS = (
     "job_id", "attempt", "reported_attempt", "world_size", "dp_size", "pp_size", "tp_size",
-    "first_seen", "last_seen", "last_step", "last_step_seen", "gpu_hours_wasted",
+    "first_seen", "last_seen", "last_step", "last_step_seen", "step_writes", "gpu_hours_wasted",
 )  # fmt: skip
 
 
@@ -458,6 +459,7 @@ def _job_upsert(dialect: str) -> Any:
         "tp_size": _greatest(dialect, Job.tp_size, excluded.tp_size),
         "last_step": _greatest(dialect, Job.last_step, excluded.last_step),
         "last_step_seen": _greatest(dialect, Job.last_step_seen, excluded.last_step_seen),
+        "step_writes": Job.step_writes + excluded.step_writes,
         "reported_attempt": _greatest(dialect, Job.reported_attempt, excluded.reported_attempt),
     }
     return stmt.on_conflict_do_update(index_elements=[Job.job_id, Job.attempt], set_=update)
