@@ -2,20 +2,24 @@
 already imported torch: how the tests launch most of their real multi-rank jobs.
 
     python -m tests.support.forkrun --nproc-per-node 4 [--preload mod,...] -m module args...
+    python -m tests.support.forkrun --serve SOCKET   (the warm launcher: tests/support/warm_launcher.py)
 
-Under torchrun every launch costs a launcher process that imports torch, then one fresh
-interpreter per rank that imports torch, the agent and the script's other modules again: on this
-2-core machine ~7 s of a 4-rank job whose steps take 4 s, over ~30 launches per test run. Here the
-launcher imports them once and forks the ranks, which then run the script's module as `__main__`
-and exit through the interpreter's usual shutdown (threads joined, atexit run, as a rank under
-torchrun does). Each rank gets the environment torchrun gives a single-node, non-restarting job
-(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT,
-...), so SMon's coordinates and job id come out as they do under torchrun. Like torchrun, a rank
-that fails stops the others and the launcher exits non-zero, naming the rank and its signal.
+Under torchrun, on this 2-core machine, a 4-rank demo job whose steps take 4.3 s took 16-19 s:
+torchrun's own process imports torch; each rank imports torch and the agent again (4 at once on
+2 cores); DDP's first construction imports torch._dynamo and sympy (~2 s a rank); and each
+interpreter's teardown with torch loaded is ~0.9 CPU s. Here the launcher imports all that once
+and forks the ranks, which run the script as `__main__` and exit through the interpreter's usual
+shutdown (non-daemon threads joined, every atexit handler run: the agent's last flush) without its
+module teardown. Each rank gets the environment torchrun gives a single-node job on its first
+attempt (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_RUN_ID,
+TORCHELASTIC_RESTART_COUNT, ...), so SMon's coordinates, job id and attempt come out as under
+torchrun. Like torchrun, a rank that fails stops the others and the launcher exits with its
+status, naming the rank and its signal. The same job: 12-13 s from a shell, 6 s on the warm
+launcher, which has imported torch before the job is asked for.
 
 What this does not reproduce is torchrun itself: elastic restarts and its agent's store. Tests of
-those (tests/e2e/test_restarts.py), the user-facing demo and the DDP end-to-end tests launch with
-torchrun.
+those (tests/e2e/test_restarts.py), the demo users run and the framework integrations launch with
+torchrun; tests/e2e/test_forkrun.py compares the two launchers' rank environments.
 """
 
 from __future__ import annotations
