@@ -1,7 +1,7 @@
 """torchrun's command line and rank environment, with ranks forked from one process that has
 already imported torch: how the tests launch most of their real multi-rank jobs.
 
-    python -m tests.support.forkrun --nproc-per-node 4 [--preload mod,...] -m module args...
+    python -m tests.support.forkrun --nproc-per-node 4 -m module args...
     python -m tests.support.forkrun --serve SOCKET   (the warm launcher: tests/support/warm_launcher.py)
 
 Under torchrun, on this 2-core machine, a 4-rank demo job whose steps take 4.3 s took 16-19 s:
@@ -25,7 +25,6 @@ torchrun; tests/e2e/test_forkrun.py compares the two launchers' rank environment
 from __future__ import annotations
 
 import atexit
-import importlib
 import json
 import os
 import runpy
@@ -45,34 +44,22 @@ GRACE = 5.0
 @dataclass
 class Launch:
     ranks: int
-    preload: list[str]
-    target: str  # a module's name or a script's path
-    is_module: bool
+    module: str
     args: list[str]
 
 
-USAGE = "usage: forkrun --nproc-per-node N [--preload a,b] (-m MODULE | SCRIPT) [args...]"
+USAGE = "usage: forkrun --nproc-per-node N -m MODULE [args...]"
 
 
 def parse(argv: list[str]) -> Launch:
-    """The launcher's options, then `-m MODULE` or a script's path, then the script's own
-    arguments: torchrun's shape, so a command switches launcher by its first words alone."""
-    options: dict[str, str] = {}
-    i = 0
-    while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
-        name, eq, value = argv[i].partition("=")
-        if not eq:
-            i += 1
-            value = argv[i] if i < len(argv) else ""
-        options[name] = value
-        i += 1
-    is_module = argv[i : i + 1] == ["-m"]
-    i += is_module
-    unknown = set(options) - {"--nproc-per-node", "--preload"}
-    if i >= len(argv) or unknown or not options.get("--nproc-per-node", "").isdigit():
-        raise SystemExit(f"forkrun: {USAGE}" + (f" (unknown: {sorted(unknown)})" if unknown else ""))
-    preload = [m for m in options.get("--preload", "").split(",") if m]
-    return Launch(int(options["--nproc-per-node"]), preload, argv[i], is_module, argv[i + 1 :])
+    """`--nproc-per-node N -m MODULE` then the script's own arguments: torchrun's shape, so a
+    command switches launcher by its first words alone."""
+    ranks = next((a.partition("=")[2] for a in argv[:1] if a.startswith("--nproc-per-node=")), None)
+    if argv[:1] == ["--nproc-per-node"] and len(argv) > 1:
+        ranks, argv = argv[1], argv[1:]
+    if ranks is None or not ranks.isdigit() or argv[1:2] != ["-m"] or len(argv) < 3:
+        raise SystemExit(f"forkrun: {USAGE}")
+    return Launch(int(ranks), argv[2], argv[3:])
 
 
 def free_port() -> int:
@@ -125,13 +112,9 @@ def run_rank(launch: Launch, env: dict[str, str]) -> None:
     for held in _leader_only:
         held.close()
     os.environ.update(env)
-    sys.argv = [launch.target, *launch.args]
+    sys.argv = [launch.module, *launch.args]
     try:
-        if launch.is_module:
-            runpy.run_module(launch.target, run_name="__main__", alter_sys=True)
-        else:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(launch.target)))
-            runpy.run_path(launch.target, run_name="__main__")
+        runpy.run_module(launch.module, run_name="__main__", alter_sys=True)
         status = 0
     except SystemExit as done:
         status = exit_code(done.code)
@@ -188,16 +171,13 @@ def wait_all(pids: dict[int, int]) -> int:
     return failed
 
 
-def warm_imports(preload: list[str]) -> None:
+def warm_imports() -> None:
     """What every rank imports anyway, imported once here and inherited by each fork."""
     # torch._dynamo (and sympy) is imported by DDP's first construction: ~2 s of CPU a rank.
     import torch._dynamo
     import torch.distributed  # noqa: F401
 
     import smon  # noqa: F401
-
-    for name in preload:
-        importlib.import_module(name)
 
 
 def launch_job(launch: Launch) -> int:
@@ -217,7 +197,7 @@ def launch_job(launch: Launch) -> int:
 
 def main(argv: list[str]) -> int:
     launch = parse(argv)
-    warm_imports(launch.preload)
+    warm_imports()
     return launch_job(launch)
 
 
@@ -235,7 +215,7 @@ def serve(path: str) -> None:
     stderr. The leader answers its pid (its own session: the client kills the job with killpg),
     runs the job as `main(argv)` would and answers its exit status. The server stays
     single-threaded, so a fork never copies a lock held by another thread."""
-    warm_imports([])
+    warm_imports()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # leaders are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)

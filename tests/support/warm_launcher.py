@@ -88,12 +88,10 @@ def kill_session(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def read_both(*files: IO[bytes]) -> tuple[str, str]:
-    texts = []
-    for f in files:
-        f.seek(0)
-        texts.append(f.read().decode(errors="replace"))
-    return texts[0], texts[1]
+def read_both(out: IO[bytes], err: IO[bytes]) -> tuple[str, str]:
+    out.seek(0)
+    err.seek(0)
+    return out.read().decode(errors="replace"), err.read().decode(errors="replace")
 
 
 _launcher: WarmLauncher | None = None
