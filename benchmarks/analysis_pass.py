@@ -231,7 +231,9 @@ def append_steps(url: str, ranks: int, first: int, count: int, job_key: int = 1)
             for r in rows:
                 copy.write_row(r)
         conn.execute(
-            "UPDATE jobs SET last_step = %s, last_step_seen = %s WHERE key = %s",
+            # step_writes: ingest's count of writes, what tells a pass the job has news
+            "UPDATE jobs SET last_step = %s, last_step_seen = %s, step_writes = step_writes + 1 "
+            "WHERE key = %s",
             (first + count - 1, time.time(), job_key),
         )
 

@@ -22,10 +22,10 @@ def smon(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def test_db_upgrade_migrates_to_head(database_url: str) -> None:
-    done = smon("db", "upgrade", "--db", database_url)
+def test_db_upgrade_migrates_to_head(empty_database_url: str) -> None:
+    done = smon("db", "upgrade", "--db", empty_database_url)
     assert done.returncode == 0, done.stderr
-    db = Database(database_url)
+    db = Database(empty_database_url)
     try:
         head = migrate.current_revision(db)
     finally:

@@ -78,6 +78,11 @@ def test_steps_sent_while_the_database_is_down_are_stored_once_it_is_back(cluste
         down_at, up_at = 100, 200
         for step in range(STEPS):
             if step == down_at:
+                # Some steps stored first (the scrape below reads their counter): on a loaded
+                # machine the agent's first batch can still be on its way at step 100.
+                deadline = time.monotonic() + 60
+                while mon.counters()["acked_batches"] == 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 cluster.stop()  # under load: batches are in flight
             if step == down_at + 20:  # what an operator and Prometheus see meanwhile
                 during["readyz"] = httpx.get(f"http://127.0.0.1:{http}/readyz", timeout=30)

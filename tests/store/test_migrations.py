@@ -30,7 +30,7 @@ def test_upgrade_is_idempotent(db: Database) -> None:
     assert migrate.current_revision(db) == before
 
 
-def test_0003_moves_stored_results_into_their_columns(database_url: str) -> None:
+def test_0003_moves_stored_results_into_their_columns(empty_database_url: str) -> None:
     """A result stored before 0003 (one JSON blob) reads the same after it."""
     import json
 
@@ -38,7 +38,7 @@ def test_0003_moves_stored_results_into_their_columns(database_url: str) -> None
 
     from smon_server.store import grids
 
-    db = Database(database_url)
+    db = Database(empty_database_url)
     try:
         migrate.upgrade(db, "0002")
         old = {
@@ -135,7 +135,7 @@ def _old_step(job: str, agent: str, rank: int, step: int, spans: list, phases: d
     return row | extra
 
 
-def test_0005_packs_stored_step_records_and_downgrades_them_back(database_url: str) -> None:
+def test_0005_packs_stored_step_records_and_downgrades_them_back(empty_database_url: str) -> None:
     """Records stored as JSON before 0005 read the same from the packed layout, phase-only
     records get their phases as spans, and a downgrade gives the JSON back."""
     import sqlalchemy as sa
@@ -143,7 +143,7 @@ def test_0005_packs_stored_step_records_and_downgrades_them_back(database_url: s
     from smon_server.store.models import Job
     from smon_server.store.step_window import read_window
 
-    db = Database(database_url)
+    db = Database(empty_database_url)
     try:
         migrate.upgrade(db, "0004")
         spans = [["forward", 0.01, 0.2, 0, 0], ["gc", 0.05, 0.03, -1, 0], ["backward", 0.25, 0.2, 1, 2]]
@@ -219,12 +219,12 @@ def test_0005_packs_stored_step_records_and_downgrades_them_back(database_url: s
         db.dispose()
 
 
-def test_0009_makes_stored_jobs_attempt_1_and_its_downgrade_keeps_the_newest(database_url: str) -> None:
+def test_0009_makes_stored_jobs_attempt_1_and_its_downgrade_keeps_the_newest(empty_database_url: str) -> None:
     """Jobs stored before 0009 become attempt 1 of themselves, with everything keyed by them; a
     second attempt can then be stored beside the first; the downgrade keeps each job's newest."""
     import sqlalchemy as sa
 
-    db = Database(database_url)
+    db = Database(empty_database_url)
     try:
         migrate.upgrade(db, "0008")
         with db.engine.begin() as c:
@@ -303,7 +303,7 @@ def test_0009_makes_stored_jobs_attempt_1_and_its_downgrade_keeps_the_newest(dat
 
 
 def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dictionary(
-    database_url: str,
+    empty_database_url: str,
 ) -> None:
     """Records stored under the one global dictionary read the same names after 0010, each job
     holding only the names it uses; a job stored after it (codes of its own, clashing with the
@@ -318,7 +318,7 @@ def test_0010_gives_each_job_the_names_its_records_use_and_downgrades_to_one_dic
     from tests.support import factories as f
     from tests.support.stored import pack_spans
 
-    db = Database(database_url)
+    db = Database(empty_database_url)
     try:
         migrate.upgrade(db, "0009")
         with db.engine.begin() as c:

@@ -12,12 +12,14 @@ from sqlalchemy.engine import make_url
 
 
 @contextmanager
-def fresh_database(admin_url: str, prefix: str) -> Iterator[str]:
-    """The URL of a new, empty database on the server `admin_url` points at."""
+def fresh_database(admin_url: str, prefix: str, template: str | None = None) -> Iterator[str]:
+    """The URL of a new database on the server `admin_url` points at: empty, or a copy of the
+    database named `template` (which nothing may be connected to)."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
+        copy = f' TEMPLATE "{template}"' if template else ""
+        connection.execute(text(f'CREATE DATABASE "{name}"{copy}'))
     try:
         yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     finally:
