@@ -41,13 +41,22 @@ def analyze_job(
     window: StepWindow | None = None,
 ) -> dict[str, Any]:
     step_writes = job.step_writes  # before any record is read: a write after it is news
-    lo, hi = queries.resolve_window(
-        session=session,
-        job=job,
-        window=window or StepWindow(),
-        default_last=settings.analysis_window_steps,
-    )
     agents, restarts = queries.agents_and_restarts(session=session, job=job)
+    key = cache_key(str(session.get_bind().engine.url), job, agents, restarts)
+    cache = process_cache(settings) if window is None else None
+    span = None
+    if window is None:
+        # The default window: its newest steps found past the last pass's window where that
+        # was contiguous, not by hopping over all of its steps again (~10 ms of 500 steps).
+        known = cache.span((job.job_id, job.attempt), key) if cache is not None else None
+        lo, hi, contiguous = queries.newest_window(
+            session=session, job=job, last=settings.analysis_window_steps, known=known
+        )
+        span = (lo, hi) if contiguous and lo is not None and hi is not None else None
+    else:
+        lo, hi = queries.resolve_window(
+            session=session, job=job, window=window, default_last=settings.analysis_window_steps
+        )
     superseded, until = queries.later_attempt(session=session, job=job)  # GPU samples carry no attempt
     liveness = job_liveness(job, agents, now=now, stall_seconds=settings.stall_seconds, superseded=superseded)
     warm = warmup_ranges(restarts, settings.warmup_steps)
@@ -60,10 +69,11 @@ def analyze_job(
         job=job,
         lo=lo,
         hi=hi,
-        key=cache_key(str(session.get_bind().engine.url), job, agents, restarts),
-        cache=process_cache(settings) if window is None else None,
+        key=key,
+        cache=cache,
         on_read=phases.add if phases is not None else None,
         skip=warm,  # dropped chunk by chunk: a copy of the whole table without them is ~0.6 GB
+        span=span,
     )
     ops = built.ops
     if not built.incremental or (ops is not None and len(ops) >= TRIM_OPS):

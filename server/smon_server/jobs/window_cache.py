@@ -49,6 +49,9 @@ class Kept:
     workers: np.ndarray  # sorted worker ids (columns.worker_ids) of the records read
     last_seen: np.ndarray  # per worker, the newest step it reported
     engine: EngineSlot = field(default_factory=EngineSlot)
+    # The window's step bounds when every step number between them had records: the next pass
+    # looks only past them for the newest steps (store/queries.newest_window).
+    span: tuple[int, int] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -70,6 +73,12 @@ class WindowCache:
         with self._lock:
             entry = self._entries.pop(job, None)
         return entry if entry is not None and entry.key == key else None
+
+    def span(self, job: tuple[str, int], key: Hashable) -> tuple[int, int] | None:
+        """The contiguous step bounds of the job's kept window, if kept under `key` (left kept)."""
+        with self._lock:
+            entry = self._entries.get(job)
+        return entry.span if entry is not None and entry.key == key else None
 
     def put(self, job: tuple[str, int], entry: Kept) -> None:
         if entry.nbytes > self.max_bytes:

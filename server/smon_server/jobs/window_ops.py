@@ -62,13 +62,15 @@ def window_ops(
     cache: WindowCache | None,
     on_read: OnRead | None = None,
     skip: Sequence[tuple[int, int]] = (),
+    span: tuple[int, int] | None = None,
 ) -> WindowOps:
     """The op table of the complete steps in [lo, hi] (from the cache where it can be), without
     the ops of steps in the `skip` ranges ([a, b): warm-up steps, which the analysis leaves out;
     each chunk drops them as it is built, rather than the whole table being copied without
     them); its op types are those of the table with them. `skip` must be the same for every
     pass under one `key`. `on_read` sees every batch of records read, so the pass can derive
-    more from them without reading them again (the phase heatmaps)."""
+    more from them without reading them again (the phase heatmaps). `span` is kept with the
+    table: [lo, hi] when every step number in it has records (WindowCache.span)."""
     entry = cache.get((job.job_id, job.attempt), key) if cache is not None else None
     behind = entry is not None and (lo is None or entry.table.through < lo - 1)
     if behind or (entry is not None and hi is not None and hi < entry.table.through):
@@ -85,7 +87,7 @@ def window_ops(
     if lo is not None:
         entry = replace(entry, table=merge.trim(entry.table, lo))
     if cache is not None:
-        cache.put((job.job_id, job.attempt), entry)
+        cache.put((job.job_id, job.attempt), replace(entry, span=span))
     times = [(int(s), float(a), float(b)) for s, a, b in entry.table.times]
     ops = entry.table.ops if len(entry.table.ops) else None
     return WindowOps(ops, times, incremental=incremental, engine=entry.engine if cache is not None else None)

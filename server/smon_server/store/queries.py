@@ -378,6 +378,29 @@ def resolve_window(
     return int(min(found)), int(max(found))
 
 
+def newest_window(
+    *, session: Session, job: Job, last: int, known: tuple[int, int] | None = None
+) -> tuple[int | None, int | None, bool]:
+    """The bounds of the job attempt's newest `last` distinct steps, and whether every step number
+    between them has records (the window is contiguous).
+
+    `known`, a contiguous window this returned before, spares the hop over its steps: only the
+    steps after it are looked for. That is exact: a record can add a distinct step inside a range
+    only where a step number had none, and a contiguous range has no such number."""
+    if known is not None:
+        newer = newest_steps(session=session, job=job, limit=last, lo=known[1] + 1)
+        if len(newer) >= last:
+            return newer[-1], newer[0], newer[0] - newer[-1] + 1 == len(newer)
+        lo = max(known[0], known[1] - (last - len(newer)) + 1)
+        if known[1] - lo + 1 + len(newer) == last:  # else the known window has too few: hop
+            hi = newer[0] if newer else known[1]
+            return lo, hi, hi - known[1] == len(newer)
+    found = newest_steps(session=session, job=job, limit=last)
+    if not found:
+        return None, None, False
+    return found[-1], found[0], found[0] - found[-1] + 1 == len(found)
+
+
 def newest_steps(
     *, session: Session, job: Job, limit: int | None = None, lo: int | None = None, hi: int | None = None
 ) -> list[int]:
