@@ -17,7 +17,8 @@ from tests.api.test_jobs import SLOW_RANK, push_job
 from tests.support import factories as f
 from tests.support.server_process import free_port, start_server
 
-pytestmark = [pytest.mark.slow]
+# It counts pages, not how fast they go out: it runs in the parallel pass.
+pytestmark = [pytest.mark.slow, pytest.mark.parallel]
 
 
 def start(db: Path, rules: Path, hook: Receiver, http: int, grpc: int) -> subprocess.Popen[bytes]:

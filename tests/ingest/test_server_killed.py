@@ -14,7 +14,8 @@ from sqlalchemy import create_engine, text
 
 from tests.support.server_process import free_port, start_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+# It counts what was stored, not how fast: it runs in the parallel pass.
+pytestmark = [pytest.mark.slow, pytest.mark.parallel, pytest.mark.postgres]
 STEPS = 300
 
 JOB = textwrap.dedent(
