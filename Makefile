@@ -15,7 +15,6 @@ venv: $(STAMP)
 # install: SMon's packages live in agent/ and server/, so there are none.
 EXTRAS := server,torch,dev,transformers,lightning,accelerate,deepspeed
 
-#
 # pip compiles the installed modules one file at a time (torch alone: 38 s of a 2-core machine's
 # set-up); compileall does the same on every core afterwards (torch: 14 s). Like pip, it leaves
 # files that do not compile (test data in some packages) as they are.

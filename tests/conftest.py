@@ -106,8 +106,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 @pytest.fixture
 def db(database_url: str) -> Iterator[Database]:
-    database = Database(database_url)
-    migrate.upgrade(database)
+    database = Database(database_url)  # migrated already (database_url)
     try:
         yield database
     finally:

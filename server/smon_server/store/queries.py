@@ -372,10 +372,8 @@ def resolve_window(
     `default_last`)."""
     if window.from_step is not None or window.to_step is not None:
         return window.from_step, window.to_step
-    found = newest_steps(session=session, job=job, limit=window.last or default_last)
-    if not found:
-        return None, None
-    return int(min(found)), int(max(found))
+    lo, hi, _ = newest_window(session=session, job=job, last=window.last or default_last)
+    return lo, hi
 
 
 def newest_window(
