@@ -79,3 +79,43 @@ def test_the_engine_state_counts_in_a_kept_window() -> None:
     alone = kept.nbytes
     kept.engine.kept = _Sized()
     assert kept.nbytes == alone + _Sized.nbytes
+
+
+class _Counted:
+    """A table that counts how often its size is read."""
+
+    reads = 0
+
+    @property
+    def nbytes(self) -> int:
+        _Counted.reads += 1
+        return 100
+
+
+def test_keeping_a_window_reads_its_own_size_only_and_counts_engine_state_set_after() -> None:
+    cache = WindowCache(10 * 100)
+    for j in range(5):
+        cache.put((f"job-{j}", 1), Kept(key=None, table=_Counted(), workers=_Workers(), last_seen=_Workers()))  # type: ignore[arg-type]
+    before = _Counted.reads
+    cache.put(("job-5", 1), Kept(key=None, table=_Counted(), workers=_Workers(), last_seen=_Workers()))  # type: ignore[arg-type]
+    assert _Counted.reads - before <= 2  # its own size, not the five kept ones' (O(jobs) a put)
+    assert cache.nbytes == 600
+    # The pass sets the engine's state after the window was kept: it counts from then on...
+    kept = cache.get(("job-0", 1), None)
+    assert kept is not None and cache.nbytes == 500
+    cache.put(("job-0", 1), kept)
+    kept.engine.kept = _Sized()  # type: ignore[assignment]
+    assert cache.nbytes == 700
+    kept.engine.kept = None
+    assert cache.nbytes == 600
+    kept.engine.kept = _Sized()  # type: ignore[assignment]
+    # ... and evicts others when the budget is passed: 700 + 4 × 100 > 1,000.
+    for j in range(6, 10):
+        cache.put((f"job-{j}", 1), _kept())
+    assert cache.nbytes <= 1000 and len(cache) == 9
+    # A window taken out no longer counts, whatever the pass then sets in its slot.
+    taken = cache.get(("job-0", 1), None)
+    assert taken is not None and taken.engine.nbytes == 100
+    held = cache.nbytes
+    taken.engine.kept = None
+    assert cache.nbytes == held
