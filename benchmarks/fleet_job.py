@@ -162,7 +162,13 @@ def freshness(polls: Polls, origin: float, rate: float, measured_from: float) ->
     computed = sorted({c for _, _, c in polls.reads if c is not None})
     cadence = [b - a for a, b in itertools.pairwise(computed)]
     first = next((t - origin for t, s, _ in polls.reads if s is not None), None)
+    series = [
+        (read_at - origin, read_at - (origin + (to_step + 1) / rate))
+        for read_at, to_step, _ in polls.reads
+        if to_step is not None and read_at >= measured_from
+    ]
     return {
+        "series": series,
         "reads": len(ages),
         "age_p50": statistics.median(ages) if ages else float("nan"),
         "age_max": max(ages) if ages else float("nan"),
@@ -299,6 +305,11 @@ def main() -> None:
             f"{'never' if first is None else f'{first:.0f} s after the start'}; summary read p50 "
             f"{r['read_p50'] * 1000:.0f} ms; fresh within {r['budget']:.0f} s: "
             f"{bool(r['age_max'] <= r['budget'])} ({r['reads']} reads measured)",
+            flush=True,
+        )
+        print(
+            "  summary age by read (s after the start: age s): "
+            + ", ".join(f"{at:.0f}: {age:.1f}" for at, age in r["series"]),
             flush=True,
         )
 

@@ -5,9 +5,10 @@ does not, a late batch of an old run stays in it, and two writers deciding at on
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from smon.v1 import ingest_pb2 as pb
 from smon_server.ingest.validate import Limits, validate_batch
@@ -232,3 +233,53 @@ def test_two_writers_deciding_at_once_agree(postgres_url: str) -> None:
     finally:
         for r in replicas:
             r.dispose()
+
+
+def test_deciding_a_new_agents_attempt_reads_rows_for_its_group_not_for_every_agent_of_the_job(
+    db: Database,
+) -> None:
+    """While a big job starts, every group with a new agent decides here: reading all the job's
+    stored agents each time made a 16,384-rank start quadratic. Still right on both paths: a
+    rank joining a live attempt, and the last rank of a run whose other ranks all said goodbye."""
+    world = 300
+    batches = []
+    for rank in range(world - 1):
+        b = f.batch("wide", rank, world, agent_id=f"w{rank}")
+        b.heartbeat.CopyFrom(pb.Heartbeat(time=T, last_step=-1, current_step=0))
+        batches.append(validate_batch(b, Limits()))
+    write_batches(db, batches, now=T, stall_seconds=STALL)
+    rows: list[int] = []
+
+    def count(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            rows.append(max(cursor.rowcount, 0))
+
+    sent = []
+    for agent, now, final in (("late", T + 1, False), ("last", T + 3, False)):
+        if agent == "last":  # every other rank said goodbye: the attempt is not live any more
+            goodbyes = []
+            for rank in range(world - 1):
+                b = f.batch("wide", rank, world, seq=2, agent_id=f"w{rank}", final=True)
+                b.heartbeat.CopyFrom(pb.Heartbeat(time=T + 2, last_step=-1, current_step=0))
+                goodbyes.append(validate_batch(b, Limits()))
+            goodbyes.append(
+                validate_batch(
+                    f.batch("wide", world - 1, world, seq=2, agent_id="late", final=True), Limits()
+                )
+            )
+            write_batches(db, goodbyes, now=T + 2, stall_seconds=STALL)
+        rank = world - 1 if agent == "late" else 0
+        b = f.batch("wide", rank, world, agent_id=agent, final=final)
+        b.heartbeat.CopyFrom(pb.Heartbeat(time=now, last_step=-1, current_step=0))
+        rows.clear()
+        event.listen(db.engine, "after_cursor_execute", count)
+        try:
+            write_batches(db, [validate_batch(b, Limits())], now=now, stall_seconds=STALL)
+        finally:
+            event.remove(db.engine, "after_cursor_execute", count)
+        sent.append(sum(rows))
+    assert attempt_of(db, "late") == 1  # joined the live attempt
+    # rank 0 of a finished run whose every rank reported: a resubmission
+    assert attempt_of(db, "last") == 2
+    if db.is_postgres:  # rows a SELECT returned: sqlite3 reports none (-1)
+        assert max(sent) < world // 10, sent  # rows read by each decision (all 300 agents: >= 300)

@@ -36,7 +36,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
 from smon_server.store.leases import try_lease
@@ -141,15 +141,21 @@ def _stored(session: Session, agent_ids: list[str]) -> dict[str, int]:
 @dataclass
 class _JobAttempts:
     """One job's attempts as the decision sees them: each one's reported identity, and which
-    have a live agent (one that did not say goodbye and was heard from lately)."""
+    have a live agent (one that did not say goodbye and was heard from lately).
 
+    Read from the database as the rules need them, never as all of a job's agents: while a
+    16,384-rank job starts, every group holding a new agent decides here, and reading every
+    stored agent of the attempt each time made its start quadratic (2,048 host batches reading
+    up to 16,384 agents each). What is live is asked per attempt (an EXISTS on the agents index);
+    how far the current attempt has filled only when it has no live agent (the rule that needs
+    it: a resubmission, or a short run's last ranks)."""
+
+    session: Session
+    job_id: str
+    live_since: float
     reported: dict[int, int | None]
-    live: set[int]
-    # The current attempt: its world size, the ranks heard from, whether one was heard lately
-    # (said goodbye or not): what tells a run still filling from a finished one.
-    world_size: int = 0
-    ranks: set[int] = field(default_factory=set)
-    recent: bool = False
+    live: set[int] = field(default_factory=set)  # attempts known live (asked, joined, or sending)
+    not_live: set[int] = field(default_factory=set)  # attempts asked and found without a live agent
 
     @classmethod
     def load(cls, session: Session, job_id: str, live_since: float) -> _JobAttempts:
@@ -157,29 +163,32 @@ class _JobAttempts:
             int(n): r
             for n, r in session.execute(select(Job.attempt, Job.reported_attempt).where(Job.job_id == job_id))
         }
-        live = session.scalars(
-            select(Agent.attempt)
-            .where(Agent.job_id == job_id, Agent.final.is_(False), Agent.last_seen >= live_since)
-            .distinct()
+        return cls(session, job_id, live_since, reported)
+
+    def is_live(self, attempt: int) -> bool:
+        if attempt in self.live:
+            return True
+        if attempt in self.not_live:
+            return False
+        found = self.session.scalar(
+            select(Agent.key)
+            .where(
+                Agent.job_id == self.job_id,
+                Agent.attempt == attempt,
+                Agent.final.is_(False),
+                Agent.last_seen >= self.live_since,
+            )
+            .limit(1)
         )
-        state = cls(reported, {int(n) for n in live})
-        if reported:
-            current = max(reported)
-            size = session.scalar(select(Job.world_size).where(Job.job_id == job_id, Job.attempt == current))
-            state.world_size = int(size or 0)
-            heard = session.execute(
-                select(Agent.rank, Agent.last_seen).where(Agent.job_id == job_id, Agent.attempt == current)
-            ).all()
-            state.ranks = {int(r) for r, _ in heard}
-            state.recent = any(float(t) >= live_since for _, t in heard)
-        return state
+        (self.live if found is not None else self.not_live).add(attempt)
+        return found is not None
 
     def place(self, reported: int | None, rank: int = -1, world_size: int = 0) -> int:
         """The attempt a new agent reporting `reported` goes to (rules in the module docstring)."""
         if not self.reported:
             return self._open(reported)
         current = max(self.reported)
-        if current not in self.live:
+        if not self.is_live(current):
             if self._filling(current, reported, rank, world_size):
                 return self._join(current, reported)
             return self._open(reported)  # every agent of the current run is gone: resubmitted
@@ -188,20 +197,27 @@ class _JobAttempts:
             return self._join(current, reported)
         if reported > theirs:
             return self._open(reported)  # a restart whose old workers were killed moments ago
-        older = [n for n, r in self.reported.items() if r == reported and n in self.live]
+        older = [n for n, r in self.reported.items() if r == reported and self.is_live(n)]
         return self._join(max(older), reported) if older else self._open(reported)
 
     def _filling(self, current: int, reported: int | None, rank: int, world_size: int) -> bool:
-        """Whether the current attempt still waits for this rank: a short run's last ranks."""
+        """Whether the current attempt still waits for this rank: a short run's last ranks (it
+        was heard from lately, fewer of its ranks reported than its world size, this one not)."""
         theirs = self.reported[current]
-        return (
-            self.recent
-            and world_size == self.world_size
-            and 0 <= rank < world_size
-            and rank not in self.ranks
-            and len(self.ranks) < world_size
-            and (reported is None or theirs is None or reported == theirs)
+        if not (0 <= rank < world_size and (reported is None or theirs is None or reported == theirs)):
+            return False
+        of_current = (Agent.job_id == self.job_id, Agent.attempt == current)
+        size = self.session.scalar(
+            select(Job.world_size).where(Job.job_id == self.job_id, Job.attempt == current)
         )
+        if world_size != int(size or 0):
+            return False
+        ranks, newest = self.session.execute(
+            select(func.count(distinct(Agent.rank)), func.max(Agent.last_seen)).where(*of_current)
+        ).one()
+        if newest is None or float(newest) < self.live_since or int(ranks) >= world_size:
+            return False
+        return self.session.scalar(select(Agent.key).where(*of_current, Agent.rank == rank).limit(1)) is None
 
     def _open(self, reported: int | None) -> int:
         attempt = max(self.reported, default=0) + 1
