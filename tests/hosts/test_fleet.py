@@ -256,3 +256,37 @@ def test_host_history_expires_after_its_days(fleet_db: Database, now: float) -> 
     assert sorted(incidents) == ["train-1", "train-2"]
     assert (figs["node-a"]["straggler_jobs"], figs["node-a"]["suspect"]) == (2, False)
     assert figs["node-b"]["straggler_jobs"] == 1  # newer than the cut: kept
+
+
+def test_a_pass_touches_only_hosts_whose_rows_changed(db: Database, now: float) -> None:
+    """Every pass charges every running job's hosts: a host whose agents were only heard again
+    is not rewritten (nor its stored figures refreshed) until its last_seen moved a minute; a
+    rank that joins, or a straggler incident, touches its host at once."""
+    from smon_server.hosts import record
+    from smon_server.store.models import AnalysisResult, HostJob, Job
+
+    hosts = ["n-0", "n-0", "n-1", "n-1"]
+    assert analysed_job(db, "live", hosts=hosts, at=now) == {"n-0", "n-1"}
+
+    def heard(after: float, *, stragglers: list[dict[str, Any]] | None = None) -> set[str]:
+        with db.transaction() as s:
+            for a in s.scalars(select(Agent).where(Agent.job_id == "live")):
+                a.last_seen = now + after
+            job = s.get(Job, ("live", 1))
+            result = s.get(AnalysisResult, ("live", 1))
+            assert job is not None and result is not None
+            if stragglers is not None:
+                result.summary = {**(result.summary or {}), "stragglers": stragglers}
+            s.flush()
+            return record.record(s, job=job, result=result, now=now + after)
+
+    def last_seen() -> dict[str, float]:
+        with db.session() as s:
+            return {r.host: r.last_seen for r in s.scalars(select(HostJob).where(HostJob.job_id == "live"))}
+
+    assert heard(10) == set()
+    assert last_seen() == {"n-0": now, "n-1": now}
+    assert heard(61) == {"n-0", "n-1"}
+    assert last_seen() == {"n-0": now + 61, "n-1": now + 61}
+    straggler = {"rank": 3, "host": "n-1", "dp_rank": 3, "stage": 0, "slowdown": 1.3, "cause": "slow_worker"}
+    assert heard(70, stragglers=[straggler]) == {"n-1"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Select, and_, case, exists, func, or_, select, text, tuple_
 from sqlalchemy.orm import Session, aliased
@@ -318,6 +318,29 @@ def job_agents(*, session: Session, job: Job) -> Sequence[Agent]:
     """The newest agent of each rank of the job attempt (a restarted rank reports under a new
     agent id)."""
     return agents_and_restarts(session=session, job=job)[0]
+
+
+class RankHost(NamedTuple):
+    """What the host rollups need of a rank's newest agent (hosts/record.py)."""
+
+    rank: int
+    host: str
+    gpu_uuid: str
+    first_seen: float
+    last_seen: float
+
+
+def rank_hosts(*, session: Session, job: Job) -> list[RankHost]:
+    """job_agents' host facts as plain rows, ordered by rank: a pass charges hosts for every job
+    it analyses, and 16,384 ORM agents were ~0.5 s of the server's CPU (its event loop's GIL)
+    a pass."""
+    rows = session.execute(
+        select(Agent.rank, Agent.host, Agent.gpu_uuid, Agent.first_seen, Agent.last_seen)
+        .where(*_of_attempt(job))
+        .order_by(Agent.rank, Agent.first_seen)
+    )
+    latest = {int(r): RankHost(int(r), h or "", g or "", float(f), float(t)) for r, h, g, f, t in rows}
+    return list(latest.values())
 
 
 def agents_and_restarts(*, session: Session, job: Job) -> tuple[list[Agent], list[int]]:
