@@ -151,6 +151,20 @@ def stored_steps(conninfo: str, job: str) -> tuple[int, int]:
     return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
+def pass_seconds(urls: list[str]) -> float:
+    """Mean wall seconds of the replicas' analysis passes (smon_analysis_pass_seconds): the part
+    of a summary's age between a pass reading the steps and storing what it found."""
+    total = count = 0.0
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith("smon_analysis_pass_seconds_sum"):
+                    total += float(line.split()[-1])
+                elif line.startswith("smon_analysis_pass_seconds_count"):
+                    count += float(line.split()[-1])
+    return total / count if count else float("nan")
+
+
 def freshness(polls: Polls, origin: float, rate: float, measured_from: float) -> dict[str, Any]:
     """Age of the newest analysed step when each summary was read (from when its last step was
     made by every rank), over the reads after `measured_from` (epoch seconds)."""
@@ -223,6 +237,7 @@ def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str,
                 "backends": cpu_seconds(sorted(seen)) - before["backends"],
             }
             rows, distinct = stored_steps(conninfo, job)
+            pass_mean = pass_seconds([f"http://127.0.0.1:{h}/metrics" for h in https])
         finally:
             for server in servers:
                 server.kill()
@@ -239,6 +254,7 @@ def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str,
         "rows": rows,
         "distinct": distinct,
         **fresh,
+        "pass_seconds": pass_mean,
         "budget": args.analysis_interval + FRESHNESS_SLACK,
         "cores_server": cpu["server"] / wall,
         "cores_analysis": cpu["analysis"] / wall,
@@ -304,7 +320,8 @@ def main() -> None:
             f"  every step stored once: {r['rows'] == r['sent'] == r['distinct']}; first summary "
             f"{'never' if first is None else f'{first:.0f} s after the start'}; summary read p50 "
             f"{r['read_p50'] * 1000:.0f} ms; fresh within {r['budget']:.0f} s: "
-            f"{bool(r['age_max'] <= r['budget'])} ({r['reads']} reads measured)",
+            f"{bool(r['age_max'] <= r['budget'])} ({r['reads']} reads measured); analysis pass "
+            f"{r['pass_seconds']:.1f} s on average",
             flush=True,
         )
         print(

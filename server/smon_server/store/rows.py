@@ -7,6 +7,7 @@ the per-record data is columns already (`StepBlock`), so the translation is per 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -93,10 +94,18 @@ class StepBlock:
 
     @classmethod
     def empty(cls) -> StepBlock:
-        f8, i8 = np.zeros(0, np.float64), np.zeros(0, np.int64)
+        """The block of no records: one shared, read-only instance (every batch starts with it,
+        and building it was ~4% of a replica's event loop at 1,600 rank batches a second)."""
+        return _empty_block()
+
+    @classmethod
+    def _new_empty(cls) -> StepBlock:
+        f8, i8, offsets = np.zeros(0, np.float64), np.zeros(0, np.int64), np.zeros(1, np.int64)
+        for array in (f8, i8, offsets):
+            array.flags.writeable = False
         return cls(
             step=i8, start_time=f8, duration=f8, gc_count=i8, gc_seconds=f8,
-            span_offsets=np.zeros(1, np.int64), kind_names=(), span_kind=i8, span_start=f8,
+            span_offsets=offsets, kind_names=(), span_kind=i8, span_start=f8,
             span_duration=f8, span_microbatch=i8, span_chunk=i8, seq_total=[], seq_microbatches=[],
             span_host=[],
         )  # fmt: skip
@@ -140,6 +149,11 @@ class StepBlock:
                 strict=True,
             )
         ]
+
+
+@functools.cache
+def _empty_block() -> StepBlock:
+    return StepBlock._new_empty()
 
 
 @dataclass
