@@ -419,7 +419,7 @@ def engine_seconds(url: str, job_ids: list[str]) -> float:
     the pass's per-job work (reads, stored results, hosts, alerts). The tables are built first,
     outside the timing. A baseline tree without these modules reports NaN."""
     try:
-        from smon_server.jobs.step_ranges import warmup_ranges
+        from smon_server.jobs.step_ranges import warmup_ranges, window_steps
         from smon_server.jobs.window_ops import window_ops
         from smon_server.settings import Settings
         from smon_server.store import queries
@@ -439,7 +439,7 @@ def engine_seconds(url: str, job_ids: list[str]) -> float:
                 session=session,
                 job=job,
                 window=queries.StepWindow(),
-                default_last=settings.analysis_window_steps,
+                default_last=window_steps(settings, queries.reporting_ranks(session=session, job=job)),
             )
             skip = warmup_ranges(queries.restart_steps(session=session, job=job), settings.warmup_steps)
             built = window_ops(session=session, job=job, lo=lo, hi=hi, key=None, cache=None, skip=skip)

@@ -52,8 +52,13 @@ class Settings(BaseSettings):
 
     alert_rules: str | None = None  # YAML file overriding the default alert rules (alerts/rules.py)
     analysis_interval: Annotated[float, Field(gt=0)] = 10.0
-    # Most recent complete steps one analysis pass looks at.
+    # Most recent complete steps one analysis pass looks at...
     analysis_window_steps: Annotated[int, Field(gt=0)] = 500
+    # ... and at most this many rank-steps (fewer steps for the largest jobs: 500 up to 4,096
+    # ranks, 128 at 16,384; never fewer than analysis_window_min_steps), so what a pass costs
+    # stays bounded by operations, not by a job's size (jobs/step_ranges.window_steps).
+    analysis_window_rank_steps: Annotated[int, Field(gt=0)] = 4096 * 512
+    analysis_window_min_steps: Annotated[int, Field(gt=0)] = 50
     # Processes that run job analyses (jobs/workers.py); unset: every core but one; 0: in the
     # server process itself.
     analysis_workers: Annotated[int | None, Field(ge=0)] = None
@@ -80,7 +85,8 @@ class Settings(BaseSettings):
     recent_min_steps: Annotated[int, Field(ge=2)] = 5
     # ... and at most this many: with fast steps (a 4,096-rank job at 40 ms a step), the newest
     # 15 s were 375 of the 500 window steps, a second near-full engine run on every pass, and a
-    # shorter stretch names an onset sooner, not later.
+    # shorter stretch names an onset sooner, not later. Never more than a tenth of the job's
+    # default window either (jobs/step_ranges.recent_steps_most).
     recent_max_steps: Annotated[int, Field(ge=2)] = 50
     auto_migrate: bool = True
     # Raw step records older than this many days are dropped (whole day partitions on

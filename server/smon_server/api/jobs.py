@@ -58,6 +58,7 @@ from smon_server.api.schemas import (
 from smon_server.grid import Grid
 from smon_server.jobs import phase_heatmap, refresh, trend, windows
 from smon_server.jobs.liveness import JobState, job_state
+from smon_server.jobs.step_ranges import window_steps
 from smon_server.settings import Settings
 from smon_server.store import grids, queries
 from smon_server.store.models import AnalysisResult, Job
@@ -290,7 +291,7 @@ def heatmap(
             job=job,
             metric=metric,
             window=window,
-            default_last=settings.analysis_window_steps,
+            default_last=window_steps(settings, queries.reporting_ranks(session=db, job=job)),
             from_rank=from_rank,
             to_rank=to_rank,
         )
@@ -405,7 +406,10 @@ def worker(
         row = grid.values[int(found[0])]
         per_step = {int(s): (None if np.isnan(v) else float(v)) for s, v in zip(grid.steps, row, strict=True)}
     lo, hi = queries.resolve_window(
-        session=db, job=job, window=window, default_last=settings.analysis_window_steps
+        session=db,
+        job=job,
+        window=window,
+        default_last=window_steps(settings, queries.reporting_ranks(session=db, job=job)),
     )
     records = read_window(session=db, job=job, from_step=lo, to_step=hi, rank=rank)
     phases = records.phase_table()

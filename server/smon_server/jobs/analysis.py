@@ -21,7 +21,7 @@ from smon_server.jobs import live, trend
 from smon_server.jobs.gpu_health import gpu_health
 from smon_server.jobs.liveness import JobState, Liveness, job_liveness
 from smon_server.jobs.memory import release_freed_memory
-from smon_server.jobs.step_ranges import recent_from, warmup_ranges
+from smon_server.jobs.step_ranges import recent_from, recent_steps_most, warmup_ranges, window_steps
 from smon_server.jobs.window_cache import cache_key, process_cache
 from smon_server.jobs.window_ops import window_ops
 from smon_server.settings import Settings
@@ -50,12 +50,12 @@ def analyze_job(
         # was contiguous, not by hopping over all of its steps again (~10 ms of 500 steps).
         known = cache.span((job.job_id, job.attempt), key) if cache is not None else None
         lo, hi, contiguous = queries.newest_window(
-            session=session, job=job, last=settings.analysis_window_steps, known=known
+            session=session, job=job, last=window_steps(settings, len(agents)), known=known
         )
         span = (lo, hi) if contiguous and lo is not None and hi is not None else None
     else:
         lo, hi = queries.resolve_window(
-            session=session, job=job, window=window, default_last=settings.analysis_window_steps
+            session=session, job=job, window=window, default_last=window_steps(settings, len(agents))
         )
     superseded, until = queries.later_attempt(session=session, job=job)  # GPU samples carry no attempt
     liveness = job_liveness(job, agents, now=now, stall_seconds=settings.stall_seconds, superseded=superseded)
@@ -132,7 +132,7 @@ def analyze_job(
     analysis.result = None  # not trimmed here: the recent run reuses the freed heap (trimming
     # it cost ~0.5 CPU s of page faults for ~0.1 GB of peak)
     recent_first = recent_from(
-        times, settings.recent_seconds, settings.recent_min_steps, settings.recent_max_steps
+        times, settings.recent_seconds, settings.recent_min_steps, recent_steps_most(settings, len(agents))
     )
     if ops is not None and analysed_ok and recent_first is not None:
         summary["recent"] = live.recent_stragglers(

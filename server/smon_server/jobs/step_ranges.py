@@ -5,6 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from smon_server.settings import Settings
+
+
+def window_steps(settings: Settings, ranks: int | None) -> int:
+    """The steps of a job's default window: SMON_ANALYSIS_WINDOW_STEPS, fewer where that many
+    steps of every rank would pass SMON_ANALYSIS_WINDOW_RANK_STEPS, at least
+    SMON_ANALYSIS_WINDOW_MIN_STEPS (docs/server.md "The default window"). A pass over 500 steps
+    of a 16,384-rank job replays four times the operations of a 4,096-rank one's, its window
+    (~6 GB) does not fit the big jobs' worker's cache, and its passes ran back to back; 128 steps
+    of 16,384 ranks are as many rank-steps as 500 of 4,096, and enough for D* (two million
+    instances an op type) and for each worker's S_w. `ranks`: the ranks that reported
+    (queries.reporting_ranks), not the world size a client declared."""
+    most = settings.analysis_window_steps
+    by_size = settings.analysis_window_rank_steps // max(1, ranks or 1)
+    return min(most, max(by_size, settings.analysis_window_min_steps))
+
 
 def recent_from(
     times: Sequence[tuple[int, float, float]], seconds: float, min_steps: int, max_steps: int | None = None
@@ -27,3 +43,11 @@ def recent_from(
 def warmup_ranges(starts: Sequence[int], warmup_steps: int) -> list[tuple[int, int]]:
     """[first, first + warmup) for every start or restart of the job's agents."""
     return [(s, s + warmup_steps) for s in starts] if warmup_steps > 0 else []
+
+
+def recent_steps_most(settings: Settings, ranks: int | None) -> int:
+    """At most this many steps in the recent stretch: SMON_RECENT_MAX_STEPS, and no more than a
+    tenth of the job's default window (50 of 500 steps; 12 of a 16,384-rank job's 128, which
+    were 40% of its window and ~0.8 s of its pass). Never fewer than SMON_RECENT_MIN_STEPS."""
+    tenth = window_steps(settings, ranks) // 10
+    return max(settings.recent_min_steps, min(settings.recent_max_steps, tenth))

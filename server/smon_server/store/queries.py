@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import Select, and_, case, exists, func, or_, select, text, tuple_
+from sqlalchemy import Select, and_, case, distinct, exists, func, or_, select, text, tuple_
 from sqlalchemy.orm import Session, aliased
 
 from smon_server.store.models import Agent, Alert, AnalysisResult, GpuSample, Job
@@ -318,6 +318,12 @@ def job_agents(*, session: Session, job: Job) -> Sequence[Agent]:
     """The newest agent of each rank of the job attempt (a restarted rank reports under a new
     agent id)."""
     return agents_and_restarts(session=session, job=job)[0]
+
+
+def reporting_ranks(*, session: Session, job: Job) -> int:
+    """How many ranks of the job attempt reported (an agent each, restarts counted once): what
+    its window's size is bounded by (jobs/step_ranges.window_steps), as a pass counts them."""
+    return int(session.scalar(select(func.count(distinct(Agent.rank))).where(*_of_attempt(job))) or 0)
 
 
 class RankHost(NamedTuple):
