@@ -116,6 +116,12 @@ class WindowCache:
             if held:
                 self._total += slot.nbytes
 
+    def held_key(self, job: tuple[str, int]) -> Hashable | None:
+        """The key the job's window is kept under, if one is kept (left kept)."""
+        with self._lock:
+            entry = self._entries.get(job)
+        return None if entry is None else entry.key
+
     def span(self, job: tuple[str, int], key: Hashable) -> tuple[int, int] | None:
         """The contiguous step bounds of the job's kept window, if kept under `key` (left kept)."""
         with self._lock:

@@ -21,6 +21,7 @@ reaches the window, means a cold build, which gives the same table.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 
@@ -35,6 +36,8 @@ from smon_server.store.window_reader import Chunk
 from smon_server.whatif.inputs import merge
 from smon_server.whatif.inputs.step_table import StepTable, convert
 from smon_server.whatif.ops import OpTable
+
+log = logging.getLogger(__name__)
 
 StepTimes = list[tuple[int, float, float]]
 # Told of every read of records and its lower step bound (store/phase_grids.Collector.add).
@@ -71,14 +74,19 @@ def window_ops(
     pass under one `key`. `on_read` sees every batch of records read, so the pass can derive
     more from them without reading them again (the phase heatmaps). `span` is kept with the
     table: [lo, hi] when every step number in it has records (WindowCache.span)."""
+    held = cache.held_key((job.job_id, job.attempt)) if cache is not None else None
     entry = cache.get((job.job_id, job.attempt), key) if cache is not None else None
+    why = "" if entry is not None or held is None else "its agents or restarts changed"
     behind = entry is not None and (lo is None or entry.table.through < lo - 1)
     if behind or (entry is not None and hi is not None and hi < entry.table.through):
-        entry = None  # the window jumped past what is kept, or looks back before it
+        entry, why = None, "the window moved past what was kept"
     if entry is not None:
         entry = _extend(session, job, entry, hi, on_read, skip)
+        why = why or ("its new records do not continue it" if entry is None else "")
     if entry is not None and lo is not None and int(entry.last_seen.min()) < lo - 1:
-        entry = None  # a worker left: the window's steps are complete without it
+        entry, why = None, "a worker left the window"
+    if why:  # seconds of a pass at thousands of ranks: worth a line when it happens
+        log.info("job %s (attempt %d): kept window rebuilt whole: %s", job.job_id, job.attempt, why)
     incremental = entry is not None
     if entry is None:
         entry = _cold(session, job, lo, hi, key, on_read, skip)

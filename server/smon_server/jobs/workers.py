@@ -34,14 +34,18 @@ from smon_server.store.queries import StepWindow
 
 log = logging.getLogger(__name__)
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
 # Per worker process, set by _start.
 _state: dict[str, Any] = {}
 
 
-def _start(settings: Settings, parent: int, big_jobs: bool = False) -> None:
+def _start(settings: Settings, parent: int, big_jobs: bool = False, log_level: int = logging.WARNING) -> None:
     from smon_server.jobs.window_cache import serve_big_jobs
     from smon_server.store.db import Database
 
+    # A spawned process starts with no logging set up: its INFO lines (a kept window rebuilt
+    # whole) went nowhere. The server's level and format, on the same stderr.
+    logging.basicConfig(level=log_level, format=LOG_FORMAT)
     if big_jobs:
         serve_big_jobs()  # its window cache's share (window_cache.cache_bytes)
     _state["settings"] = settings
@@ -119,7 +123,12 @@ class AnalysisWorkers:
                     1,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_start,
-                    initargs=(self.settings, os.getpid(), slot == self.processes),
+                    initargs=(
+                        self.settings,
+                        os.getpid(),
+                        slot == self.processes,
+                        logging.getLogger().getEffectiveLevel(),
+                    ),
                 )
             return pool
 
@@ -152,7 +161,7 @@ class AnalysisWorkers:
                     processes,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_start,
-                    initargs=(self.settings, os.getpid()),
+                    initargs=(self.settings, os.getpid(), False, logging.getLogger().getEffectiveLevel()),
                 )
         done: Future[dict[str, Any] | None] = Future()
 
