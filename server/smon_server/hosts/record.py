@@ -100,11 +100,8 @@ def _host_jobs(session: Session, job: Job, agents: Sequence[RankHost]) -> tuple[
                 host=host, job_id=job.job_id, attempt=job.attempt, gpu_scanned_until=None
             )
             session.add(row)
-        elif (row.ranks, row.gpus, row.first_seen) == (
-            ranks,
-            gpus,
-            first,
-        ) and last < row.last_seen + LAST_SEEN_STEP:
+        same = row.ranks == ranks and row.gpus == gpus and row.first_seen == first
+        if same and last < row.last_seen + LAST_SEEN_STEP:
             continue
         row.ranks, row.gpus, row.first_seen, row.last_seen = ranks, gpus, first, last
         touched.add(host)
