@@ -36,7 +36,7 @@ SMOKES = [
     Smoke(
         "analysis_pass.py",
         "--ranks 8 --steps 20 --new-steps 2 --jobs 2 --job-ranks 4 --workers 1 --baseline none",
-        "CPU s, both passes",
+        "CPU s, every pass",
     ),
     Smoke("api_latency.py", "--jobs 1 --ranks 4 --requests 4 --old-runs 1", "phase columns:"),
     Smoke("hosts_latency.py", "--hosts 20 --incidents 50 --requests 2", "GET /metrics"),
