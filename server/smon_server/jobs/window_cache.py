@@ -129,9 +129,10 @@ class WindowCache:
         return entry.span if entry is not None and entry.key == key else None
 
     def put(self, job: tuple[str, int], entry: Kept) -> None:
-        fixed = entry.nbytes - entry.engine.nbytes
-        if fixed + entry.engine.nbytes > self.max_bytes:
+        held, engine = entry.nbytes, entry.engine.nbytes
+        if held > self.max_bytes:
             return
+        fixed = held - engine
         with self._lock:
             self._pop(job)
             self._tick += 1
@@ -142,7 +143,7 @@ class WindowCache:
                 self._last_put[job] = self._tick
             self._entries[job] = entry
             self._fixed[job] = fixed
-            self._total += fixed + entry.engine.nbytes
+            self._total += held
             entry.engine.watch = self._set_engine
             while self._total > self.max_bytes and len(self._entries) > 1:
                 oldest = next(iter(self._entries))

@@ -93,13 +93,10 @@ class StepBlock:
         return int(self.step.shape[0])
 
     @classmethod
+    @functools.cache
     def empty(cls) -> StepBlock:
         """The block of no records: one shared, read-only instance (every batch starts with it,
-        and building it was ~4% of a replica's event loop at 1,600 rank batches a second)."""
-        return _empty_block()
-
-    @classmethod
-    def _new_empty(cls) -> StepBlock:
+        and building it was ~3.5% of a replica's GIL-held time at 1,600 rank batches a second)."""
         f8, i8, offsets = np.zeros(0, np.float64), np.zeros(0, np.int64), np.zeros(1, np.int64)
         for array in (f8, i8, offsets):
             array.flags.writeable = False
@@ -149,11 +146,6 @@ class StepBlock:
                 strict=True,
             )
         ]
-
-
-@functools.cache
-def _empty_block() -> StepBlock:
-    return StepBlock._new_empty()
 
 
 @dataclass
