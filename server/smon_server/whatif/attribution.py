@@ -62,8 +62,16 @@ def attribute(prep: Prepared, step_time: np.ndarray, ideal: float, top_fraction:
     # every slot; one communication op type: it is the communication family). Each variant's
     # replay is its own; only a batch split into chunks (large jobs) can round a slot restored
     # in a whole chunk differently, in the last bit (sources.MaskedSource).
+    # Two are known without a replay: everything restored is T(D) (`step_time`), nothing restored
+    # is T(D*) on every step (with one stage: that stage's variant, and "all but the last").
     unique, which = np.unique(restore, axis=0, return_inverse=True)
-    times = replay_restored(prep, np.repeat(unique[:, :, None], n_dp, axis=2))[which.ravel()]
+    every, none = unique.all(axis=1), ~unique.any(axis=1)
+    replayed = ~(every | none)
+    times = np.empty((unique.shape[0], step_time.shape[0]), dtype=step_time.dtype)
+    if replayed.any():
+        times[replayed] = replay_restored(prep, np.repeat(unique[replayed][:, :, None], n_dp, axis=2))
+    times[every], times[none] = step_time, ideal
+    times = times[which.ravel()]
     t_type = times[: len(op_groups)]
     t_stage = times[len(op_groups) : len(op_groups) + n_stages]
     t_remove_last, t_compute, t_comm = times[-3], times[-2], times[-1]
