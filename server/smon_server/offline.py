@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from smon_server.views.summary import to_summary
 from smon_server.whatif.config import Estimator, WhatIfConfig
-from smon_server.whatif.diagnosis import Diagnosis, diagnose, stragglers
+from smon_server.whatif.diagnosis import Diagnosis, diagnose_with_stragglers
 from smon_server.whatif.engine import WhatIfResult, analyze
 from smon_server.whatif.inputs.from_steps import build_op_table, complete_steps
 from smon_server.whatif.inputs.trace import TraceError, load_meta, load_trace
@@ -43,13 +43,13 @@ def analyze_file(
     # The elapsed time is known once the steps are measured: the traced steps' own duration.
     hours = float(result.trace_step_time.sum()) / 3600.0
     result = replace(result, gpu_hours_wasted=max(result.waste_fraction, 0.0) * gpus * hours)
-    diagnoses = diagnose(loaded.table, result)
+    diagnoses, named = diagnose_with_stragglers(loaded.table, result)
     summary = to_summary(
         result,
         diagnoses,
         job_id=loaded.name,
         world_size=loaded.meta.world_size if loaded.meta else None,
-        stragglers=stragglers(loaded.table, result),
+        stragglers=named,
         state="finished",  # a trace file is a finished record
     )
     summary["data_quality"]["rows_rejected"] = loaded.rows_rejected
@@ -76,14 +76,14 @@ def analyze_profile(
     result = replace(result, gpu_hours_wasted=max(result.waste_fraction, 0.0) * profile.world_size * hours)
     backend = "nccl" if any(r.nccl for r in profile.ranks) else ""
     signals = Signals(hosts=dict(profile.hosts), backend=backend)
-    diagnoses = diagnose(table, result, signals)
+    diagnoses, named = diagnose_with_stragglers(table, result, signals)
     summary = to_summary(
         result,
         diagnoses,
         job_id=profile.name,
         world_size=profile.world_size,
         hosts=profile.hosts,
-        stragglers=stragglers(table, result, signals),
+        stragglers=named,
         state="finished",
     )
     summary["data_quality"]["files_rejected"] = len(profile.files_rejected)

@@ -31,7 +31,7 @@ from smon_server.store.models import (
     HostJob,
     Job,
 )
-from smon_server.store.queries import RankHost
+from smon_server.store.queries import RankAgent
 from smon_server.whatif.diagnosis.base import DATA_LOADER, GPU_THROTTLING, HOST_WORK, SLOW_WORKER
 
 COUNTED_CAUSES = frozenset({SLOW_WORKER, GPU_THROTTLING, DATA_LOADER, HOST_WORK})
@@ -67,7 +67,7 @@ def shares(stragglers: Sequence[dict[str, Any]], job_slowdown: float | None) -> 
 def record(session: Session, *, job: Job, result: AnalysisResult, now: float) -> set[str]:
     """Hosts of the job attempt, its straggler incidents and its GPUs' new health events stored;
     returns the hosts whose figures changed."""
-    agents = queries.rank_hosts(session=session, job=job)
+    agents = queries.rank_agents(session=session, job=job)
     touched, rows = _host_jobs(session, job, agents)
     if not result.flagged:
         touched |= _incidents(session, job, result, agents, now)
@@ -75,12 +75,12 @@ def record(session: Session, *, job: Job, result: AnalysisResult, now: float) ->
     return touched
 
 
-def _host_jobs(session: Session, job: Job, agents: Sequence[RankHost]) -> tuple[set[str], list[HostJob]]:
+def _host_jobs(session: Session, job: Job, agents: Sequence[RankAgent]) -> tuple[set[str], list[HostJob]]:
     """The hosts whose rows changed, and the job attempt's host rows (brought up to date). A
     host's `last_seen` moves in steps of LAST_SEEN_STEP: every pass moved it on every host of
     every running job, and each move rewrote the host's row and its stored figures (a pass over
     a 16,384-rank job: 2,048 hosts refreshed, ~0.7 s of the server's CPU, every 10 s)."""
-    by_host: dict[str, list[RankHost]] = {}
+    by_host: dict[str, list[RankAgent]] = {}
     for a in agents:
         if a.host:
             by_host.setdefault(a.host, []).append(a)
@@ -109,7 +109,7 @@ def _host_jobs(session: Session, job: Job, agents: Sequence[RankHost]) -> tuple[
 
 
 def _incidents(
-    session: Session, job: Job, result: AnalysisResult, agents: Sequence[RankHost], now: float
+    session: Session, job: Job, result: AnalysisResult, agents: Sequence[RankAgent], now: float
 ) -> set[str]:
     summary = result.summary or {}
     counted = blamed(summary.get("stragglers") or [], job.world_size)
@@ -159,7 +159,7 @@ def _incidents(
     return touched
 
 
-def _gpu_events(session: Session, job: Job, agents: Sequence[RankHost], rows: Sequence[HostJob]) -> set[str]:
+def _gpu_events(session: Session, job: Job, agents: Sequence[RankAgent], rows: Sequence[HostJob]) -> set[str]:
     """The job attempt's NVML samples since the last scan turned into events on their hosts
     (`rows`: the job attempt's host rows, as _host_jobs left them)."""
     if not rows:

@@ -26,8 +26,8 @@ from smon_server.jobs.window_cache import cache_key, process_cache
 from smon_server.jobs.window_ops import window_ops
 from smon_server.settings import Settings
 from smon_server.store import phase_grids, queries
-from smon_server.store.models import Agent, Job
-from smon_server.store.queries import StepWindow
+from smon_server.store.models import Job
+from smon_server.store.queries import RankAgent, StepWindow
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.signals import HangState
 
@@ -167,7 +167,7 @@ def analyze_job(
 TRIM_OPS = 1_000_000
 
 
-def _top_workers(overall: dict[int, float], agents: Sequence[Agent], k: int) -> list[dict[str, Any]]:
+def _top_workers(overall: dict[int, float], agents: Sequence[RankAgent], k: int) -> list[dict[str, Any]]:
     """The k ranks with the largest S_w, with what joins them to GPU metrics (host, GPU UUID)."""
     by_rank = {a.rank: a for a in agents}
     ranked = sorted(overall.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
@@ -182,7 +182,7 @@ def _top_workers(overall: dict[int, float], agents: Sequence[Agent], k: int) -> 
     ]
 
 
-def _backend(agents: Sequence[Agent]) -> str:
+def _backend(agents: Sequence[RankAgent]) -> str:
     """The torch.distributed backend most agents report ("" when none says)."""
     reported = Counter(a.backend for a in agents if a.backend)
     return reported.most_common(1)[0][0] if reported else ""

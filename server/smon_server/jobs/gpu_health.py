@@ -6,14 +6,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from smon_server.store.models import Agent, GpuSample
+from smon_server.store.models import GpuSample
+from smon_server.store.queries import RankAgent
 from smon_server.whatif.signals import GpuHealth
 
 # NVML clock-event reasons that mean the GPU slowed itself down (not idle / app clocks).
 THROTTLE_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SW power cap, HW slowdown, SW/HW thermal, brake
 
 
-def gpu_health(samples: Sequence[GpuSample], agents: Sequence[Agent]) -> dict[int, GpuHealth]:
+def gpu_health(samples: Sequence[GpuSample], agents: Sequence[RankAgent]) -> dict[int, GpuHealth]:
     """Per rank: how often its GPU throttled, its SM clock vs max, and its error counts."""
     by_rank: dict[int, list[GpuSample]] = {}
     for s in samples:

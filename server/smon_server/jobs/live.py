@@ -14,7 +14,7 @@ from typing import Any
 from smon_server.grid import Grid
 from smon_server.views.summary import rank_heatmap, step_series, to_summary, worker_grid
 from smon_server.whatif.config import WhatIfConfig
-from smon_server.whatif.diagnosis import Diagnosis, diagnose, stragglers
+from smon_server.whatif.diagnosis import Diagnosis, diagnose_with_stragglers, stragglers
 from smon_server.whatif.engine import Reusable, WhatIfResult, analyze
 from smon_server.whatif.layout import AnalysisError
 from smon_server.whatif.ops import OpTable
@@ -102,7 +102,7 @@ def analyze_live(
             error = str(e)
     else:
         error = "no operations in the window"
-    diagnoses = diagnose(ops, result, signals)
+    diagnoses, named = diagnose_with_stragglers(ops, result, signals)
     if result is None:
         return LiveAnalysis(
             summary=_empty_summary(job_id, world_size, diagnoses, error, config, warmup_steps),
@@ -124,7 +124,7 @@ def analyze_live(
             job_id=job_id,
             world_size=world_size,
             hosts=hosts,
-            stragglers=stragglers(ops, result, signals),
+            stragglers=named,
             warmup_steps=warmup_steps,
         ),
         steps=step_series(result),

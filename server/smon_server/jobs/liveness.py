@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from smon_server.store.models import Agent, Job
+from smon_server.store.models import Job
+from smon_server.store.queries import RankAgent
 from smon_server.whatif.signals import RankPosition
 
 
@@ -29,7 +30,7 @@ class Liveness:
 
 
 def job_liveness(
-    job: Job, agents: Sequence[Agent], *, now: float, stall_seconds: float, superseded: bool = False
+    job: Job, agents: Sequence[RankAgent], *, now: float, stall_seconds: float, superseded: bool = False
 ) -> Liveness:
     since_step = now - (job.last_step_seen if job.last_step_seen is not None else job.first_seen)
     positions = tuple(

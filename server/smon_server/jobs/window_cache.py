@@ -22,7 +22,8 @@ import numpy as np
 
 from smon_server.jobs.processes import default_processes
 from smon_server.settings import Settings
-from smon_server.store.models import Agent, Job
+from smon_server.store.models import Job
+from smon_server.store.queries import RankAgent
 from smon_server.whatif.incremental import Reusable
 from smon_server.whatif.inputs.step_table import StepTable
 
@@ -162,7 +163,7 @@ class WindowCache:
 MAX_REMEMBERED = 65536
 
 
-def cache_key(database: str, job: Job, agents: Sequence[Agent], restarts: Sequence[int]) -> Hashable:
+def cache_key(database: str, job: Job, agents: Sequence[RankAgent], restarts: Sequence[int]) -> Hashable:
     """What a kept table depends on beyond its steps. The database is part of it: a process may
     serve more than one (tests do), and job and agent keys are only unique within one."""
     return (database, job.key, job.world_size, tuple(sorted(a.key for a in agents)), tuple(restarts))

@@ -314,10 +314,12 @@ def newest_attempts(*, session: Session, job_ids: Sequence[str]) -> dict[str, in
     return {str(j): int(a) for j, a in session.execute(stmt)}
 
 
-def job_agents(*, session: Session, job: Job) -> Sequence[Agent]:
+def job_agents(*, session: Session, job: Job) -> list[Agent]:
     """The newest agent of each rank of the job attempt (a restarted rank reports under a new
-    agent id)."""
-    return agents_and_restarts(session=session, job=job)[0]
+    agent id), as ORM objects: the API shows every field of one job's agents. A pass reads
+    `rank_agents` (plain rows) under the same rule."""
+    agents = session.scalars(select(Agent).where(*_of_attempt(job)).order_by(*_NEWEST_LAST))
+    return list({a.rank: a for a in agents}.values())
 
 
 def reporting_ranks(*, session: Session, job: Job) -> int:
@@ -326,38 +328,66 @@ def reporting_ranks(*, session: Session, job: Job) -> int:
     return int(session.scalar(select(func.count(distinct(Agent.rank))).where(*_of_attempt(job))) or 0)
 
 
-class RankHost(NamedTuple):
-    """What the host rollups need of a rank's newest agent (hosts/record.py)."""
+class RankAgent(NamedTuple):
+    """What a pass needs of a rank's newest agent, as a plain row: a pass reads every agent of
+    every job it analyses, and 16,384 ORM agents were ~0.4 s of it (the host rollups read them
+    too, in the server's process, under the GIL ingest needs)."""
 
+    key: int
     rank: int
     host: str
     gpu_uuid: str
+    dp_rank: int
+    pp_rank: int
+    backend: str
     first_seen: float
     last_seen: float
+    final: bool
+    hb_current_step: int | None
+    hb_phase: str
 
 
-def rank_hosts(*, session: Session, job: Job) -> list[RankHost]:
-    """job_agents' host facts as plain rows, ordered by rank: a pass charges hosts for every job
-    it analyses, and 16,384 ORM agents were ~0.5 s of the server's CPU (its event loop's GIL)
-    a pass."""
+# A rank's agents in the order they came: the last of each rank is its newest (job_agents,
+# agents_and_restarts).
+_NEWEST_LAST = (Agent.rank, Agent.first_seen)
+
+_RANK_AGENT = (
+    Agent.key,
+    Agent.rank,
+    Agent.host,
+    Agent.gpu_uuid,
+    Agent.dp_rank,
+    Agent.pp_rank,
+    Agent.backend,
+    Agent.first_seen,
+    Agent.last_seen,
+    Agent.final,
+    Agent.hb_current_step,
+    Agent.hb_phase,
+)
+
+
+def rank_agents(*, session: Session, job: Job) -> list[RankAgent]:
+    """job_agents as plain rows, ordered by rank."""
+    return agents_and_restarts(session=session, job=job)[0]
+
+
+def agents_and_restarts(*, session: Session, job: Job) -> tuple[list[RankAgent], list[int]]:
+    """rank_agents and restart_steps from one read of the attempt's agents (a pass needs both)."""
     rows = session.execute(
-        select(Agent.rank, Agent.host, Agent.gpu_uuid, Agent.first_seen, Agent.last_seen)
-        .where(*_of_attempt(job))
-        .order_by(Agent.rank, Agent.first_seen)
-    )
-    latest = {int(r): RankHost(int(r), h or "", g or "", float(f), float(t)) for r, h, g, f, t in rows}
-    return list(latest.values())
-
-
-def agents_and_restarts(*, session: Session, job: Job) -> tuple[list[Agent], list[int]]:
-    """job_agents and restart_steps from one read of the attempt's agents (a pass needs both)."""
-    agents = session.scalars(
-        select(Agent).where(*_of_attempt(job)).order_by(Agent.rank, Agent.first_seen)
+        select(*_RANK_AGENT, Agent.first_step).where(*_of_attempt(job)).order_by(*_NEWEST_LAST)
     ).all()
-    latest: dict[int, Agent] = {}
-    for agent in agents:
-        latest[agent.rank] = agent
-    return list(latest.values()), sorted({int(a.first_step) for a in agents if a.first_step is not None})
+    latest: dict[int, RankAgent] = {}
+    restarts: set[int] = set()
+    for row in rows:
+        k, r, host, gpu, dp, pp, backend, first, last, final, hb_step, hb_phase, first_step = row
+        latest[int(r)] = RankAgent(
+            int(k), int(r), host or "", gpu or "", int(dp), int(pp), backend or "", float(first),
+            float(last), bool(final), None if hb_step is None else int(hb_step), hb_phase or "",
+        )  # fmt: skip
+        if first_step is not None:
+            restarts.add(int(first_step))
+    return list(latest.values()), sorted(restarts)
 
 
 def later_attempt(*, session: Session, job: Job) -> tuple[bool, float | None]:

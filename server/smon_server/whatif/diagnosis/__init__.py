@@ -24,7 +24,7 @@ from smon_server.whatif.diagnosis.base import (
     Diagnosis,
     DiagnosisConfig,
 )
-from smon_server.whatif.diagnosis.run import diagnose, stragglers
+from smon_server.whatif.diagnosis.run import diagnose, diagnose_with_stragglers, stragglers
 from smon_server.whatif.diagnosis.stragglers import Straggler
 
 __all__ = [
@@ -43,5 +43,6 @@ __all__ = [
     "DiagnosisConfig",
     "Straggler",
     "diagnose",
+    "diagnose_with_stragglers",
     "stragglers",
 ]

@@ -37,16 +37,30 @@ def diagnose(
 ) -> list[Diagnosis]:
     """Named causes, worst first (by share, then confidence). Without a result (no complete step
     yet) only the heartbeat signals can say anything: that is the hang rule."""
+    return diagnose_with_stragglers(table, result, signals, config)[0]
+
+
+def diagnose_with_stragglers(
+    table: OpTable | None,
+    result: WhatIfResult | None,
+    signals: Signals | None = None,
+    config: DiagnosisConfig | None = None,
+    limit: int = 16,
+) -> tuple[list[Diagnosis], list[Straggler]]:
+    """`diagnose` and `stragglers` from one set of facts: the worker rule finds the same
+    stragglers the summary lists, and at 16,384 ranks finding them twice was ~0.1 s a pass."""
     signals = signals or Signals()
     config = config or DiagnosisConfig()
     found = hang(signals)
+    named: list[Straggler] = []
     if table is not None and result is not None:
         facts = Facts(table=table, result=result, signals=signals, config=config)
+        named = find_stragglers(facts, limit=limit)
         found += [d for rule in RULES for d in rule(facts) if _material(d, result.slowdown - 1.0, config)]
     if result is not None and result.discrepancy_flagged:
         found = [_flagged(d, result.discrepancy) if d.cause != HANG else d for d in found]
     # A hang stops everything (share 1): it leads even against a full-share straggler cause.
-    return sorted(found, key=lambda d: (-d.share, d.cause != HANG, -d.confidence))
+    return sorted(found, key=lambda d: (-d.share, d.cause != HANG, -d.confidence)), named
 
 
 def stragglers(
