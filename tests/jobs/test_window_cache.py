@@ -56,7 +56,7 @@ def test_all_jobs_fit_all_stay() -> None:
     assert _cycle(WindowCache(10 * 100), 10, 5) == 0.8  # every pass but the first
 
 
-def test_the_default_budget_gives_the_small_jobs_workers_a_quarter_and_the_big_jobs_an_eighth(
+def test_the_default_budget_gives_the_small_jobs_workers_a_third_and_the_big_jobs_an_eighth(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     memory = 16 << 30
@@ -64,10 +64,10 @@ def test_the_default_budget_gives_the_small_jobs_workers_a_quarter_and_the_big_j
         window_cache.os, "sysconf", lambda name: 4096 if name == "SC_PAGE_SIZE" else memory // 4096
     )
     settings = Settings(database_url="postgresql+psycopg://x/y", analysis_workers=2)
-    assert window_cache.cache_bytes(settings) == memory // 4 // 2
+    assert window_cache.cache_bytes(settings) == memory // 3 // 2
     assert window_cache.cache_bytes(settings, big_jobs=True) == memory // 8
     one = settings.model_copy(update={"analysis_workers": 1})
-    assert window_cache.cache_bytes(one) == memory // 4
+    assert window_cache.cache_bytes(one) == memory // 3
     assert (
         window_cache.cache_bytes(one.model_copy(update={"analysis_cache_mb": 300}), big_jobs=True)
         == 300 << 20
