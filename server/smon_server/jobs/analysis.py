@@ -90,9 +90,10 @@ def analyze_job(
     if window_start is not None and window_end is not None:
         elapsed_hours = (window_end - window_start) / 3600.0
 
-    worker_ranks: dict[tuple[int, int], list[int]] = {}
+    grouped: dict[tuple[int, int], list[int]] = {}
     for a in agents:
-        worker_ranks.setdefault((a.dp_rank, a.pp_rank), []).append(a.rank)
+        grouped.setdefault((a.dp_rank, a.pp_rank), []).append(a.rank)
+    worker_ranks = {k: tuple(v) for k, v in grouped.items()}
     # What the engine kept of this window's last pass: only the new steps are laid out
     # (whatif/incremental.py). Taken out first: a failed analysis leaves nothing stale behind.
     reuse = None

@@ -111,11 +111,11 @@ def _floats(values: np.ndarray) -> list[float | None]:
 def worker_grid(result: WhatIfResult) -> dict[str, Any]:
     """The DP rank x stage grid of S_w (the paper's heatmap); values null without attribution."""
     a = result.attribution
-    values = a.worker.tolist() if a else np.full(result.worker_rank.shape, np.nan).tolist()
+    values = a.worker if a else np.full(result.worker_rank.shape, np.nan)
     return {
         "dp_ranks": result.dp_ranks.tolist(),
         "stages": result.stages.tolist(),
-        "values": [[_f(v) for v in row] for row in values],
+        "values": [_floats(row) for row in values],
     }
 
 
