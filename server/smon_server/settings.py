@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     # server process itself.
     analysis_workers: Annotated[int | None, Field(ge=0)] = None
     # Memory each analysing process may keep jobs' op tables in between passes, so a pass reads
-    # and builds only the new steps (jobs/window_cache.py); unset: a quarter of the machine's
+    # and builds only the new steps (jobs/window_cache.py); unset: a third of the machine's
     # memory shared by the small jobs' workers, an eighth for the big jobs' worker; 0 turns it off.
     analysis_cache_mb: Annotated[int | None, Field(ge=0)] = None
     # Seconds an API request waits for the analysis of a step window the pass has not stored

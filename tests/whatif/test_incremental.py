@@ -116,3 +116,48 @@ def test_a_new_worker_or_a_gap_gets_a_full_build() -> None:
     got = analyze(window, config=config, reuse=kept)
     assert got.prepared is not None and not got.prepared.slid
     _assert_same_result(got, analyze(window, config=config))
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+@pytest.mark.parametrize("estimator", ["robust", "paper"])
+@pytest.mark.parametrize("precision", ["double", "single"])
+def test_the_recent_stretch_cut_from_the_window_gives_its_own_analysis(
+    name: str, estimator: str, precision: str
+) -> None:
+    """The newest steps of a window analysed on their own (the live recent stretch), laid out by
+    cutting the window's layout (incremental.cut), give what a build of their rows gives."""
+    table = synthetic_table(JOBS[name])
+    config = WhatIfConfig(estimator=estimator, precision=precision, force_attribution=True)  # type: ignore[arg-type]
+    window = _window(table, 5, 34)
+    kept = _kept(window, config)
+    for first in (25, 30, 5):  # ten steps, five, the whole window
+        recent = window.take(window.step >= first)
+        got = analyze(recent, config=config, within=kept)
+        assert got.prepared is not None and got.prepared.slid
+        _assert_same_result(got, analyze(recent, config=config))
+
+
+def test_a_recent_stretch_the_window_does_not_lay_out_alike_is_built() -> None:
+    """A slot that ran only in the window's older steps (a checkpoint), a worker silent in the
+    newest steps, or rows the window did not lay out: a build of the stretch differs from a cut
+    of the window, so it is built."""
+    config = WhatIfConfig(estimator="robust")
+    table = synthetic_table(SyntheticJob(dp=4, steps=40, checkpoint_every=15, checkpoint_seconds=0.02))
+    window = _window(table, 10, 25)  # the checkpoint of step 14
+    recent = window.take(window.step >= 18)
+    got = analyze(recent, config=config, within=_kept(window, config))
+    assert got.prepared is not None and not got.prepared.slid
+    _assert_same_result(got, analyze(recent, config=config))
+
+    table = synthetic_table(SyntheticJob(dp=4, steps=30))
+    window = table.take(~((table.step >= 20) & (table.dp_rank == 3)))  # rank 3 silent from step 20
+    recent = window.take(window.step >= 22)
+    got = analyze(recent, config=config, within=_kept(window, config))
+    assert got.prepared is not None and not got.prepared.slid
+    _assert_same_result(got, analyze(recent, config=config))
+
+    window = _window(table, 0, 19)
+    recent = _window(table, 15, 24)  # steps the window never had
+    got = analyze(recent, config=config, within=_kept(window, config))
+    assert got.prepared is not None and not got.prepared.slid
+    _assert_same_result(got, analyze(recent, config=config))

@@ -113,11 +113,14 @@ def analyze_job(
         warmup_steps=settings.warmup_steps,
         backend=_backend(agents),
         reuse=reuse,
-        keep=built.engine is not None,
+        keep=True,  # for the next pass (when the window is cached) and the recent stretch's cut
     )
     del reuse
-    if built.engine is not None and analysis.result is not None and analysis.result.prepared is not None:
-        built.engine.kept = analysis.result.prepared.kept
+    kept = None
+    if analysis.result is not None and analysis.result.prepared is not None:
+        kept = analysis.result.prepared.kept
+    if built.engine is not None:
+        built.engine.kept = kept
     summary = analysis.summary
     summary.update(
         state=liveness.state.value,
@@ -126,8 +129,9 @@ def analyze_job(
         steps_seen=len(steps_analysed),
         recent=None,
     )
-    # The window's engine state (layout, replays: hundreds of MB at 4,096 ranks) is not needed
-    # past here; let it go before the recent stretch's engine run builds its own.
+    # The window's engine state (replays, attribution: hundreds of MB at 4,096 ranks) is not
+    # needed past here; let it go before the recent stretch's engine run. What it kept for the
+    # next pass (the measured durations, laid out) stays: the recent stretch is cut from it.
     step_seconds = float(analysis.result.step_time.mean()) if analysis.result is not None else None
     analysed_ok = analysis.result is not None
     analysis.result = None  # not trimmed here: the recent run reuses the freed heap (trimming
@@ -144,7 +148,9 @@ def analyze_job(
             worker_ranks=worker_ranks,
             config=WhatIfConfig(estimator=settings.estimator),
             backend=_backend(agents),
+            within=kept,  # its layout cut from the window's (whatif/incremental.cut)
         )
+    del kept
     return {
         "state": liveness.state.value,
         "computed_at": now,

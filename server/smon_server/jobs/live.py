@@ -42,10 +42,12 @@ def recent_stragglers(
     worker_ranks: Mapping[tuple[int, int], Sequence[int]] | None = None,
     config: WhatIfConfig | None = None,
     backend: str = "",
+    within: Reusable | None = None,
 ) -> dict[str, Any] | None:
     """S and the stragglers of the newest steps alone (`from_step` on), or None when there are
     too few. The window summary keeps its meaning (500 steps: a stable S, causes with evidence);
-    this answers "who is straggling right now", within seconds of an onset."""
+    this answers "who is straggling right now", within seconds of an onset. `within`: what the
+    window's analysis kept (`result.prepared.kept`), whose layout these steps are cut from."""
     recent = ops.take(ops.step >= from_step)
     if len(recent) == 0:
         return None
@@ -56,7 +58,7 @@ def recent_stragglers(
         backend=backend,
     )
     try:
-        result = analyze(recent, config=config)
+        result = analyze(recent, config=config, within=within)
     except AnalysisError:
         return None
     view = to_summary(result, stragglers=stragglers(recent, result, signals), hosts=hosts)

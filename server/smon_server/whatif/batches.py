@@ -21,7 +21,7 @@ from smon_server.whatif import ops as O
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.durations import Durations, ideal_durations, measure
 from smon_server.whatif.graph import StepGraph, build_graph
-from smon_server.whatif.incremental import Reusable, slide
+from smon_server.whatif.incremental import Reusable, Slid, cut, slide
 from smon_server.whatif.layout import StepLayout, build_layout
 from smon_server.whatif.ops import OpTable
 from smon_server.whatif.replay import Program, compile_program, run
@@ -61,15 +61,22 @@ def prepare(
     *,
     reuse: Reusable | None = None,
     keep: bool = False,
+    within: Reusable | None = None,
 ) -> Prepared:
     """Everything the replays need. With `reuse` (what the last analysis of this window kept),
     only the steps after its newest are laid out (incremental.py); with `keep`, the result
-    keeps what the next analysis of the window slid on can reuse (`Prepared.kept`)."""
+    keeps what the next analysis of the window slid on can reuse (`Prepared.kept`). With
+    `within` (what an analysis of a window ending with `table`'s steps kept), `table` is cut
+    from that window's layout instead of laid out (incremental.cut)."""
     config = config or WhatIfConfig()
     single = config.precision == "single" or (config.precision == "auto" and len(table) > 1_000_000)
     dtype = np.dtype(np.float32 if single else np.float64)
     driven, floors = length_driven(table), host_floors(table)
-    slid = slide(table, dtype, reuse) if reuse is not None else None
+    slid: Slid | None = None
+    if reuse is not None:
+        slid = slide(table, dtype, reuse)
+    elif within is not None:
+        slid = cut(table, dtype, within)
     if slid is None:
         layout = build_layout(table, dtype)
         graph = build_graph(layout)

@@ -46,19 +46,21 @@ def analyze(
     config: WhatIfConfig | None = None,
     reuse: Reusable | None = None,
     keep: bool = False,
+    within: Reusable | None = None,
 ) -> WhatIfResult:
     """The what-if analysis of `table`. `gpus` and `elapsed_hours` (wall time of the analysed
     window) only feed `gpu_hours_wasted`. `reuse` / `keep`: what the last analysis of this
     window (slid on) kept, and whether to keep it for the next (`result.prepared.kept`;
-    incremental.py); the result is the same either way."""
+    incremental.py); the result is the same either way. `within`: what the analysis of a
+    window ending with `table`'s steps kept, to cut `table`'s layout from (the recent stretch)."""
     config = config or WhatIfConfig()
     offsets = None
     if config.align_clocks:
         from smon_server.whatif.clock import align_clocks
 
         table, offsets = align_clocks(table)
-        reuse, keep = None, False  # the aligned table is a new one every time
-    prep = prepare(table, config, reuse=reuse, keep=keep)
+        reuse, keep, within = None, False, None  # the aligned table is a new one every time
+    prep = prepare(table, config, reuse=reuse, keep=keep, within=within)
     ideal = ideal_step_time(prep)  # T(D*): attribution's reference
     step_time = replay_restored(prep, np.ones((1, prep.shape[0], prep.shape[2]), dtype=bool))[0]
     healthy = healthy_step_times(prep)  # robust: the ideal keeps ordinary jitter

@@ -18,6 +18,11 @@ samples), which moves start times by a constant: transfers and step times agree 
 bits of the float width. Whenever the window is not the old one slid on (a slot, worker or
 stage appears or disappears, the main-stream order or the float width changes, the rows do not
 add up), `slide` answers None and the caller builds the window whole.
+
+`cut` is the other direction: the recent stretch (the newest steps of the window, analysed again
+on their own: jobs/step_ranges.py) taken from the window's layout instead of being laid out
+again, under the same rule: it answers only when a build of those steps' rows would give the
+same slots, workers, main-stream order and float width, else None.
 """
 
 from __future__ import annotations
@@ -162,6 +167,95 @@ def slide(table: OpTable, dtype: np.dtype, kept: Reusable) -> Slid | None:
         graph=graph,
         present=present,
         trace_step_time=np.concatenate([kept.trace_step_time[keep], trace]),
+    )
+
+
+def cut(table: OpTable, dtype: np.dtype, window: Reusable) -> Slid | None:
+    """`table` (rows of the newest steps of `window`'s table, from its first step on) laid out
+    from `window`, or None when a build of `table` would not give the window's slots, workers,
+    main-stream order or float width (the caller then builds it)."""
+    old, per = window.layout, window.layout.per_step
+    if per is None or old.duration.dtype != dtype or not len(table) or old.quality.invalid_rows:
+        return None
+    first, last = int(table.step.min()), int(table.step.max())
+    part = old.steps >= first
+    n = int(np.count_nonzero(part))
+    # The window's steps from `first` on must be the table's complete steps: the same rows.
+    if not n or last > int(old.steps[-1]):
+        return None
+    present = window.present[:, part]
+    n_stages = len(old.stages)
+    bounds = np.searchsorted(old.slot_stage, np.arange(n_stages + 1))
+    reported = np.stack(
+        [present[bounds[s] : bounds[s + 1]].any(axis=0) for s in range(n_stages)], axis=2
+    )  # [step, dp, stage]
+    worker_seen = np.asarray(reported.any(axis=0))
+    if not np.array_equal(worker_seen, per.worker_seen) or not present.any(axis=(1, 2)).all():
+        return None  # a worker or a slot of the window is not in these steps: a build differs
+    # The table's other steps are those the window dropped (incomplete with the same workers:
+    # a build drops them too); the window's steps must have the same rows here.
+    rows_used = int(per.rows[part].sum())
+    if last - first < 4 * len(table):  # rows per step number by a count (no sort of the rows)
+        counts = np.bincount(table.step - first, minlength=last - first + 1)
+        rows_there, distinct = int(counts[old.steps[part] - first].sum()), int(np.count_nonzero(counts))
+    else:
+        numbers, counts = np.unique(table.step, return_counts=True)
+        rows_there, distinct = int(counts[np.isin(numbers, old.steps[part])].sum()), int(numbers.size)
+    if rows_there != rows_used:
+        return None
+    dropped = distinct - n
+    is_p2p = np.array([old.type_name(j) in O.P2P_OP_TYPES for j in range(old.n_slots)], dtype=bool)
+    rel_sum, rel_count = per.rel_sum[:, part], per.rel_count[:, part]
+    order = main_order_of(rel_sum, rel_count, old.slot_stage, is_p2p, n_stages)
+    if any(not np.array_equal(a, b) for a, b in zip(order, old.main_order, strict=True)):
+        return None  # these steps' recorded order differs from the window's: a build differs
+    step_present = per.present[part]
+    reordered = per.reordered[part]
+    n_present = int(step_present.sum())
+    expected = int((np.diff(bounds) * worker_seen.sum(axis=0)).sum()) * n
+    layout = StepLayout(
+        op_types=old.op_types,
+        steps=old.steps[part],
+        dp_ranks=old.dp_ranks,
+        stages=old.stages,
+        slot_stage=old.slot_stage,
+        slot_type=old.slot_type,
+        slot_seq=old.slot_seq,
+        slot_chunk=old.slot_chunk,
+        main_order=order,
+        start=np.empty((0, 0, 0)),
+        duration=np.ascontiguousarray(old.duration[:, part]),  # the measured durations
+        present=np.empty((0, 0, 0), dtype=bool),
+        step_origin=old.step_origin[part],
+        ranks=old.ranks,
+        quality=LayoutQuality(
+            rows_used=rows_used,
+            dropped_steps=dropped,
+            duplicate_ops=rows_used - n_present,
+            absent_ops=max(0, expected - n_present),
+            reordered_instances=int(reordered.sum()),
+            missing_workers=int((~worker_seen).sum()),
+            **host_line_counts(table),
+        ),
+        ends_at_last_op=table.ends_at_last_op,
+        per_step=PerStep(
+            rows=per.rows[part],
+            present=step_present,
+            reordered=reordered,
+            rel_sum=rel_sum,
+            rel_count=rel_count,
+            worker_seen=worker_seen,
+        ),
+    )
+    try:
+        graph = build_graph(layout)
+    except AnalysisError:
+        return None
+    return Slid(
+        layout=layout,
+        graph=graph,
+        present=np.ascontiguousarray(present),
+        trace_step_time=window.trace_step_time[part],
     )
 
 
