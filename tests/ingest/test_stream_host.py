@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 
 from smon.v1 import ingest_pb2 as pb
 from smon.v1 import ingest_pb2_grpc as pb_grpc
+from smon_server.ingest.service import RELAYED_PART_COST
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import Agent, IngestedBatch, StepRecord
 from tests.support import factories as f
@@ -103,7 +104,8 @@ def test_a_malformed_host_message_is_invalid_argument(server: BackgroundServer) 
 
 def test_a_host_stream_counts_as_its_ranks_in_the_flush_interval(sqlite_url: str) -> None:
     """Flow control per host stream: one stream, but a replica that takes one batch a second asks
-    a relay carrying four ranks to flush every 4 s, as it would ask four direct ranks."""
+    a relay carrying four ranks to flush every 2 s: four ranks' batches, each at half the cost of
+    a batch on its own stream (RELAYED_PART_COST)."""
     job = f.new_job_id()
     per_rank = f.dp_job_steps(4, range(2))
     four = [f.batch(job, r, 4, steps=per_rank[r]).SerializeToString() for r in range(4)]
@@ -112,4 +114,4 @@ def test_a_host_stream_counts_as_its_ranks_in_the_flush_interval(sqlite_url: str
     with BackgroundServer(settings) as running:
         acks = _host_acks(running, pb.HostBatch(seq=1, parts=four), pb.HostBatch(seq=2, parts=one))
     assert [a.seq for a in acks] == [1, 2]  # no opening HostAck: one stream is within 1 batch/s
-    assert [a.flush_seconds for a in acks] == [4.0, 0.0]  # then the relay carried one rank
+    assert [a.flush_seconds for a in acks] == [4 * RELAYED_PART_COST, 0.0]  # then one rank

@@ -53,6 +53,12 @@ STREAM_READ_AHEAD = 8
 UNSTORED_METADATA = (("smon-unacked-not-stored", "1"),)
 # The longest flush interval an Ack asks for (the agent caps it at the same: smon.shipper).
 MAX_FLUSH_SECONDS = 10.0
+# What a rank's batch carried in a host relay's message costs this replica, as a share of a
+# batch on its own stream (the message's parse, event-loop task, group-commit entry and Ack are
+# shared by its parts): 403-418 µs of server CPU against 761-916 µs in three measured pairs,
+# `benchmarks/fleet.py` with and without `--ranks-per-host 8` (docs/storage.md). flush_seconds
+# counts each relayed rank as this much of a batch.
+RELAYED_PART_COST = 0.5
 # A batch that waits longer than this from arrival to commit means the replica is past its
 # capacity: its Ack asks the agent to hold back for about that long (Ack.throttle_seconds).
 OVERLOAD_SECONDS = 1.0
@@ -256,12 +262,15 @@ class IngestService:
     def flush_seconds(self) -> float:
         """The flush interval to ask agents for: open streams over the batches a second this
         replica takes, when that is over a second (agents flush every second by default). A host
-        relay's stream counts as the ranks it carries (the parts of its latest message): each
-        part is a batch the writers store, and a replica sized for N direct ranks then asks the
-        same interval of N relayed ones, whose batches cost it less (docs/server.md)."""
+        relay's stream counts as the ranks it carries (the parts of its latest message), each at
+        what its batch costs the replica beside a direct stream's (`RELAYED_PART_COST`): a
+        replica sized for N direct ranks takes about 2N relayed ones at the same interval, and
+        asks N relayed ones to flush twice as often, so their steps reach the analysis sooner
+        (docs/server.md)."""
         if self.batches_per_second <= 0:
             return 0.0
-        wanted = (self.streams - self.host_streams + self._host_parts) / self.batches_per_second
+        parts = RELAYED_PART_COST * self._host_parts
+        wanted = (self.streams - self.host_streams + parts) / self.batches_per_second
         return 0.0 if wanted <= 1.0 else min(MAX_FLUSH_SECONDS, round(wanted, 1))
 
     def _overload_seconds(self, waited: float) -> float:
