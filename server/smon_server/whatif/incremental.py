@@ -98,66 +98,38 @@ def slide(table: OpTable, dtype: np.dtype, kept: Reusable) -> Slid | None:
     start, duration, present_new, steps, origin, rows, rel_sum, rel_count = new
 
     n_stages = len(old.stages)
-    is_p2p = np.array([name in O.P2P_OP_TYPES for name in names], dtype=bool)
     rel_sum = np.concatenate([per.rel_sum[:, keep], rel_sum], axis=1)
     rel_count = np.concatenate([per.rel_count[:, keep], rel_count], axis=1)
-    order = main_order_of(rel_sum, rel_count, old.slot_stage, is_p2p, n_stages)
-    if any(not np.array_equal(a, b) for a, b in zip(order, old.main_order, strict=True)):
+    order = _same_order(old, rel_sum, rel_count)
+    if order is None:
         return None  # the kept steps' reordered counts were taken against the old order
     present = np.concatenate([kept.present[:, keep], present_new], axis=1)
-    bounds = np.searchsorted(old.slot_stage, np.arange(n_stages + 1))
-    reported = np.stack(
-        [present[bounds[s] : bounds[s + 1]].any(axis=0) for s in range(n_stages)], axis=2
-    )  # [step, dp, stage]
+    reported = _reported(present, old.slot_stage, n_stages)  # [step, dp, stage]
     worker_seen = np.asarray(reported.any(axis=0))
     if not np.array_equal(worker_seen, per.worker_seen) or not reported[:, worker_seen].all():
         return None  # a worker left the window, or a new step is not complete without it
     if not present.any(axis=(1, 2)).all():
         return None  # a slot slid out of the window: a full build would not have it
-    reordered = np.concatenate([per.reordered[keep], reordered_per_step(start, order)])
-    step_present = np.concatenate([per.present[keep], np.count_nonzero(present_new, axis=(0, 2))])
-    all_rows = np.concatenate([per.rows[keep], rows])
-    all_steps = np.concatenate([old.steps[keep], steps])
-    rows_used, n_present = int(all_rows.sum()), int(step_present.sum())
-    expected = int((np.diff(bounds) * worker_seen.sum(axis=0)).sum()) * all_steps.size
-
-    layout = StepLayout(
-        op_types=table.op_types,
-        steps=all_steps,
-        dp_ranks=old.dp_ranks,
-        stages=old.stages,
-        slot_stage=old.slot_stage,
+    layout = _assemble(
+        table,
+        old,
         slot_type=codes,
-        slot_seq=old.slot_seq,
-        slot_chunk=old.slot_chunk,
+        steps=np.concatenate([old.steps[keep], steps]),
         main_order=order,
-        start=np.empty((0, 0, 0)),
         duration=old.duration,  # replaced by the measured durations below
-        present=np.empty((0, 0, 0), dtype=bool),
         step_origin=np.concatenate([old.step_origin[keep], origin]),
-        ranks=old.ranks,
-        quality=LayoutQuality(
-            rows_used=rows_used,
-            dropped_steps=0,
-            duplicate_ops=rows_used - n_present,
-            absent_ops=max(0, expected - n_present),
-            reordered_instances=int(reordered.sum()),
-            missing_workers=int((~worker_seen).sum()),
-            **host_line_counts(table),
-        ),
-        ends_at_last_op=table.ends_at_last_op,
         per_step=PerStep(
-            rows=all_rows,
-            present=step_present,
-            reordered=reordered,
+            rows=np.concatenate([per.rows[keep], rows]),
+            present=np.concatenate([per.present[keep], np.count_nonzero(present_new, axis=(0, 2))]),
+            reordered=np.concatenate([per.reordered[keep], reordered_per_step(start, order)]),
             rel_sum=rel_sum,
             rel_count=rel_count,
             worker_seen=worker_seen,
         ),
+        dropped_steps=0,
     )
-    try:
-        graph = build_graph(layout)
-    except AnalysisError:
+    graph = _graph(layout)
+    if graph is None:
         return None
     trace = trace_times(start, duration)
     measured = transfers_in_place(start, duration, present_new, graph)
@@ -185,11 +157,7 @@ def cut(table: OpTable, dtype: np.dtype, window: Reusable) -> Slid | None:
         return None
     present = window.present[:, part]
     n_stages = len(old.stages)
-    bounds = np.searchsorted(old.slot_stage, np.arange(n_stages + 1))
-    reported = np.stack(
-        [present[bounds[s] : bounds[s + 1]].any(axis=0) for s in range(n_stages)], axis=2
-    )  # [step, dp, stage]
-    worker_seen = np.asarray(reported.any(axis=0))
+    worker_seen = np.asarray(_reported(present, old.slot_stage, n_stages).any(axis=0))
     if not np.array_equal(worker_seen, per.worker_seen) or not present.any(axis=(1, 2)).all():
         return None  # a worker or a slot of the window is not in these steps: a build differs
     # The table's other steps are those the window dropped (incomplete with the same workers:
@@ -204,52 +172,30 @@ def cut(table: OpTable, dtype: np.dtype, window: Reusable) -> Slid | None:
     if rows_there != rows_used:
         return None
     dropped = distinct - n
-    is_p2p = np.array([old.type_name(j) in O.P2P_OP_TYPES for j in range(old.n_slots)], dtype=bool)
     rel_sum, rel_count = per.rel_sum[:, part], per.rel_count[:, part]
-    order = main_order_of(rel_sum, rel_count, old.slot_stage, is_p2p, n_stages)
-    if any(not np.array_equal(a, b) for a, b in zip(order, old.main_order, strict=True)):
+    order = _same_order(old, rel_sum, rel_count)
+    if order is None:
         return None  # these steps' recorded order differs from the window's: a build differs
-    step_present = per.present[part]
-    reordered = per.reordered[part]
-    n_present = int(step_present.sum())
-    expected = int((np.diff(bounds) * worker_seen.sum(axis=0)).sum()) * n
-    layout = StepLayout(
-        op_types=old.op_types,
-        steps=old.steps[part],
-        dp_ranks=old.dp_ranks,
-        stages=old.stages,
-        slot_stage=old.slot_stage,
+    layout = _assemble(
+        table,
+        old,
         slot_type=old.slot_type,
-        slot_seq=old.slot_seq,
-        slot_chunk=old.slot_chunk,
+        steps=old.steps[part],
         main_order=order,
-        start=np.empty((0, 0, 0)),
         duration=np.ascontiguousarray(old.duration[:, part]),  # the measured durations
-        present=np.empty((0, 0, 0), dtype=bool),
         step_origin=old.step_origin[part],
-        ranks=old.ranks,
-        quality=LayoutQuality(
-            rows_used=rows_used,
-            dropped_steps=dropped,
-            duplicate_ops=rows_used - n_present,
-            absent_ops=max(0, expected - n_present),
-            reordered_instances=int(reordered.sum()),
-            missing_workers=int((~worker_seen).sum()),
-            **host_line_counts(table),
-        ),
-        ends_at_last_op=table.ends_at_last_op,
         per_step=PerStep(
             rows=per.rows[part],
-            present=step_present,
-            reordered=reordered,
+            present=per.present[part],
+            reordered=per.reordered[part],
             rel_sum=rel_sum,
             rel_count=rel_count,
             worker_seen=worker_seen,
         ),
+        dropped_steps=dropped,
     )
-    try:
-        graph = build_graph(layout)
-    except AnalysisError:
+    graph = _graph(layout)
+    if graph is None:
         return None
     return Slid(
         layout=layout,
@@ -257,6 +203,75 @@ def cut(table: OpTable, dtype: np.dtype, window: Reusable) -> Slid | None:
         present=np.ascontiguousarray(present),
         trace_step_time=window.trace_step_time[part],
     )
+
+
+def _reported(present: np.ndarray, slot_stage: np.ndarray, n_stages: int) -> np.ndarray:
+    """[step, dp, stage]: whether each worker ran any op of its stage on each step."""
+    bounds = np.searchsorted(slot_stage, np.arange(n_stages + 1))
+    return np.stack([present[bounds[s] : bounds[s + 1]].any(axis=0) for s in range(n_stages)], axis=2)
+
+
+def _same_order(old: StepLayout, rel_sum: np.ndarray, rel_count: np.ndarray) -> list[np.ndarray] | None:
+    """The main-stream order these per-step sums give (as a build takes it), or None when it is
+    not `old`'s (the reordered counts kept per step were taken against that one)."""
+    is_p2p = np.array([old.type_name(j) in O.P2P_OP_TYPES for j in range(old.n_slots)], dtype=bool)
+    order = main_order_of(rel_sum, rel_count, old.slot_stage, is_p2p, len(old.stages))
+    same = all(np.array_equal(a, b) for a, b in zip(order, old.main_order, strict=True))
+    return order if same else None
+
+
+def _assemble(
+    table: OpTable,
+    old: StepLayout,
+    *,
+    slot_type: np.ndarray,
+    steps: np.ndarray,
+    main_order: list[np.ndarray],
+    duration: np.ndarray,
+    step_origin: np.ndarray,
+    per_step: PerStep,
+    dropped_steps: int,
+) -> StepLayout:
+    """A layout on `old`'s slots and workers, its window-wide counts summed from `per_step` as a
+    build counts them (layout.build_layout); start and present released, as after `measure`."""
+    n_stages = len(old.stages)
+    per_stage = np.diff(np.searchsorted(old.slot_stage, np.arange(n_stages + 1)))
+    rows_used, n_present = int(per_step.rows.sum()), int(per_step.present.sum())
+    expected = int((per_stage * per_step.worker_seen.sum(axis=0)).sum()) * steps.size
+    return StepLayout(
+        op_types=table.op_types,
+        steps=steps,
+        dp_ranks=old.dp_ranks,
+        stages=old.stages,
+        slot_stage=old.slot_stage,
+        slot_type=slot_type,
+        slot_seq=old.slot_seq,
+        slot_chunk=old.slot_chunk,
+        main_order=main_order,
+        start=np.empty((0, 0, 0)),
+        duration=duration,
+        present=np.empty((0, 0, 0), dtype=bool),
+        step_origin=step_origin,
+        ranks=old.ranks,
+        quality=LayoutQuality(
+            rows_used=rows_used,
+            dropped_steps=dropped_steps,
+            duplicate_ops=rows_used - n_present,
+            absent_ops=max(0, expected - n_present),
+            reordered_instances=int(per_step.reordered.sum()),
+            missing_workers=int((~per_step.worker_seen).sum()),
+            **host_line_counts(table),
+        ),
+        ends_at_last_op=table.ends_at_last_op,
+        per_step=per_step,
+    )
+
+
+def _graph(layout: StepLayout) -> StepGraph | None:
+    try:
+        return build_graph(layout)
+    except AnalysisError:
+        return None
 
 
 _NewSteps = tuple[
