@@ -150,7 +150,6 @@ def analyze_job(
             backend=_backend(agents),
             within=kept,  # its layout cut from the window's (whatif/incremental.cut)
         )
-    del kept
     return {
         "state": liveness.state.value,
         "computed_at": now,

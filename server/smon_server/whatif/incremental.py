@@ -36,13 +36,13 @@ from smon_server.whatif.durations import trace_times, transfers_in_place
 from smon_server.whatif.graph import StepGraph, build_graph
 from smon_server.whatif.layout import (
     AnalysisError,
-    LayoutQuality,
     PerStep,
     StepLayout,
     build_layout,
-    host_line_counts,
     main_order_of,
+    quality_of,
     reordered_per_step,
+    reported_by_stage,
 )
 from smon_server.whatif.ops import OpTable
 
@@ -104,7 +104,7 @@ def slide(table: OpTable, dtype: np.dtype, kept: Reusable) -> Slid | None:
     if order is None:
         return None  # the kept steps' reordered counts were taken against the old order
     present = np.concatenate([kept.present[:, keep], present_new], axis=1)
-    reported = _reported(present, old.slot_stage, n_stages)  # [step, dp, stage]
+    reported = reported_by_stage(present, old.slot_stage, n_stages)  # [step, dp, stage]
     worker_seen = np.asarray(reported.any(axis=0))
     if not np.array_equal(worker_seen, per.worker_seen) or not reported[:, worker_seen].all():
         return None  # a worker left the window, or a new step is not complete without it
@@ -157,7 +157,7 @@ def cut(table: OpTable, dtype: np.dtype, window: Reusable) -> Slid | None:
         return None
     present = window.present[:, part]
     n_stages = len(old.stages)
-    worker_seen = np.asarray(_reported(present, old.slot_stage, n_stages).any(axis=0))
+    worker_seen = np.asarray(reported_by_stage(present, old.slot_stage, n_stages).any(axis=0))
     if not np.array_equal(worker_seen, per.worker_seen) or not present.any(axis=(1, 2)).all():
         return None  # a worker or a slot of the window is not in these steps: a build differs
     # The table's other steps are those the window dropped (incomplete with the same workers:
@@ -205,12 +205,6 @@ def cut(table: OpTable, dtype: np.dtype, window: Reusable) -> Slid | None:
     )
 
 
-def _reported(present: np.ndarray, slot_stage: np.ndarray, n_stages: int) -> np.ndarray:
-    """[step, dp, stage]: whether each worker ran any op of its stage on each step."""
-    bounds = np.searchsorted(slot_stage, np.arange(n_stages + 1))
-    return np.stack([present[bounds[s] : bounds[s + 1]].any(axis=0) for s in range(n_stages)], axis=2)
-
-
 def _same_order(old: StepLayout, rel_sum: np.ndarray, rel_count: np.ndarray) -> list[np.ndarray] | None:
     """The main-stream order these per-step sums give (as a build takes it), or None when it is
     not `old`'s (the reordered counts kept per step were taken against that one)."""
@@ -232,12 +226,8 @@ def _assemble(
     per_step: PerStep,
     dropped_steps: int,
 ) -> StepLayout:
-    """A layout on `old`'s slots and workers, its window-wide counts summed from `per_step` as a
-    build counts them (layout.build_layout); start and present released, as after `measure`."""
-    n_stages = len(old.stages)
-    per_stage = np.diff(np.searchsorted(old.slot_stage, np.arange(n_stages + 1)))
-    rows_used, n_present = int(per_step.rows.sum()), int(per_step.present.sum())
-    expected = int((per_stage * per_step.worker_seen.sum(axis=0)).sum()) * steps.size
+    """A layout on `old`'s slots and workers, counted from `per_step` as a build counts it;
+    start and present released, as after `measure`."""
     return StepLayout(
         op_types=table.op_types,
         steps=steps,
@@ -253,15 +243,7 @@ def _assemble(
         present=np.empty((0, 0, 0), dtype=bool),
         step_origin=step_origin,
         ranks=old.ranks,
-        quality=LayoutQuality(
-            rows_used=rows_used,
-            dropped_steps=dropped_steps,
-            duplicate_ops=rows_used - n_present,
-            absent_ops=max(0, expected - n_present),
-            reordered_instances=int(per_step.reordered.sum()),
-            missing_workers=int((~per_step.worker_seen).sum()),
-            **host_line_counts(table),
-        ),
+        quality=quality_of(table, per_step, old.slot_stage, len(old.stages), dropped_steps),
         ends_at_last_op=table.ends_at_last_op,
         per_step=per_step,
     )

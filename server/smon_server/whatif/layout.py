@@ -204,17 +204,13 @@ def build_layout(table: OpTable, dtype: npt.DTypeLike = np.float64) -> StepLayou
     present: np.ndarray = ~np.isnan(start)
     stages_raw, slot_stage = np.unique(slot_stage_raw, return_inverse=True)
     n_st = len(stages_raw)
-    bounds = np.searchsorted(slot_stage, np.arange(n_st + 1))
-    reported: np.ndarray = np.stack(
-        [present[bounds[s] : bounds[s + 1]].any(axis=0) for s in range(n_st)], axis=2
-    )  # [step, dp, stage]
+    reported = reported_by_stage(present, slot_stage, n_st)
     worker_seen = np.asarray(reported.any(axis=0))
     dp_seen = np.asarray(worker_seen.any(axis=1))
     complete = np.asarray(reported[:, worker_seen].all(axis=1))
     if not complete.any():
         raise AnalysisError("no step was reported by every worker; nothing complete to analyse")
     dropped_steps = int((~complete).sum())
-    rows_used = int(step_rows[complete].sum())
     if dropped_steps or not dp_seen.all():
         keep = np.ix_(np.arange(n_slots), np.flatnonzero(complete), np.flatnonzero(dp_seen))
         start, duration, present = start[keep], duration[keep], present[keep]
@@ -222,19 +218,13 @@ def build_layout(table: OpTable, dtype: npt.DTypeLike = np.float64) -> StepLayou
     steps, origin = steps_all[complete], origin[complete]
     dp_ranks = np.flatnonzero(dp_seen) + dp_lo
     ranks = raw_ranks.reshape(dp_span, st_span)[np.ix_(dp_ranks - dp_lo, stages_raw)]
-    n_present = int(np.count_nonzero(present))
-
-    per_stage = np.diff(bounds)
-    expected = int((per_stage * worker_seen.sum(axis=0)).sum()) * len(steps)
     is_p2p = np.array([name in O.P2P_OP_TYPES for name in table.op_types], dtype=bool)[slot_type]
     rel_sum, rel_count = main_start_sums(start, slot_stage, is_p2p, n_st)
     main_order = main_order_of(rel_sum, rel_count, slot_stage, is_p2p, n_st)
-    step_reordered = reordered_per_step(start, main_order)
-    reordered = int(step_reordered.sum())
     per_step = PerStep(
         rows=step_rows[complete],
         present=np.count_nonzero(present, axis=(0, 2)).astype(np.int64),
-        reordered=step_reordered,
+        reordered=reordered_per_step(start, main_order),
         rel_sum=rel_sum,
         rel_count=rel_count,
         worker_seen=worker_seen,
@@ -254,17 +244,35 @@ def build_layout(table: OpTable, dtype: npt.DTypeLike = np.float64) -> StepLayou
         present=present,
         step_origin=origin,
         ranks=ranks,
-        quality=LayoutQuality(
-            rows_used=rows_used,
-            dropped_steps=dropped_steps,
-            duplicate_ops=rows_used - n_present,
-            absent_ops=max(0, expected - n_present),
-            reordered_instances=reordered,
-            missing_workers=int((~worker_seen).sum()),
-            **host_line_counts(table),
-        ),
+        quality=quality_of(table, per_step, slot_stage, n_st, dropped_steps),
         ends_at_last_op=table.ends_at_last_op,
         per_step=per_step,
+    )
+
+
+def reported_by_stage(present: np.ndarray, slot_stage: np.ndarray, n_stages: int) -> np.ndarray:
+    """[step, dp, stage]: whether each worker ran any op of its stage on each step (`present` is
+    [slot, step, dp]; a stage's slots are contiguous)."""
+    bounds = np.searchsorted(slot_stage, np.arange(n_stages + 1))
+    return np.stack([present[bounds[s] : bounds[s + 1]].any(axis=0) for s in range(n_stages)], axis=2)
+
+
+def quality_of(
+    table: OpTable, per_step: PerStep, slot_stage: np.ndarray, n_stages: int, dropped_steps: int
+) -> LayoutQuality:
+    """A layout's quality counts, each a sum of its steps' terms (`per_step`): the same whether the
+    layout was built whole or assembled from kept steps (whatif/incremental.py)."""
+    per_stage = np.diff(np.searchsorted(slot_stage, np.arange(n_stages + 1)))
+    rows_used, n_present = int(per_step.rows.sum()), int(per_step.present.sum())
+    expected = int((per_stage * per_step.worker_seen.sum(axis=0)).sum()) * per_step.rows.size
+    return LayoutQuality(
+        rows_used=rows_used,
+        dropped_steps=dropped_steps,
+        duplicate_ops=rows_used - n_present,
+        absent_ops=max(0, expected - n_present),
+        reordered_instances=int(per_step.reordered.sum()),
+        missing_workers=int((~per_step.worker_seen).sum()),
+        **host_line_counts(table),
     )
 
 
