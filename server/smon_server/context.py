@@ -43,6 +43,8 @@ class ServerContext:
     hosts_touched: set[str] = field(default_factory=set, init=False)
     hosts_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     hosts_refreshed_at: float = field(default=0.0, init=False)
+    # Set once the analysis loop's first pass has ended (jobs/loop.py).
+    first_pass_done: threading.Event = field(default_factory=threading.Event, init=False)
     # Analyses of step windows the pass has not stored, asked for through the API (jobs/windows.py).
     windows: WindowAnalyses = field(init=False)
     # The gRPC port agents reach, once bound (settings may say 0: a free one).

@@ -3,6 +3,7 @@ the smaller jobs first, so a big job's seconds-long analysis does not hold up th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from smon_server.context import ServerContext
 from smon_server.jobs import loop
 from smon_server.jobs.loop import analysis_pass, pause_after
+from smon_server.runtime import BackgroundServer
 from smon_server.store import grids, migrate
 from smon_server.store.models import AnalysisResult
 from tests.support import factories as f
@@ -21,6 +23,22 @@ def test_passes_start_an_interval_apart() -> None:
     assert pause_after(10.0, 0.5) == pytest.approx(9.5)
     assert pause_after(10.0, 6.0) == pytest.approx(4.0)
     assert pause_after(10.0, 14.0) == 0.0  # a pass longer than the interval: the next at once
+
+
+def test_a_background_server_is_started_once_its_first_pass_has_ended(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test that stores steps and runs passes itself must not race the loop's first pass for a
+    job's lease (on a loaded machine that pass can start after the test's steps are stored)."""
+    real = loop.analysis_pass
+
+    def late(context: loop.LoopContext, now: float) -> int:
+        time.sleep(1.0)
+        return real(context, now)
+
+    monkeypatch.setattr(loop, "analysis_pass", late)
+    with BackgroundServer(server_settings(database_url, analysis_interval=3600)) as server:
+        assert server.context is not None and server.context.first_pass_done.is_set()
 
 
 @pytest.fixture

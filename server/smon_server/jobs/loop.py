@@ -56,6 +56,9 @@ class LoopContext(Protocol):
     # This replica among those sharing the database, and the figures of its share.
     membership: Membership
     analysis_stats: AnalysisStats
+    # Set once the loop's first pass has ended, however it ended (runtime.BackgroundServer waits
+    # for it: a test that runs passes itself must not race the loop's first one for a lease).
+    first_pass_done: threading.Event
 
 
 async def analysis_loop(context: LoopContext, stop: asyncio.Event, wake: asyncio.Event | None = None) -> None:
@@ -74,6 +77,8 @@ async def analysis_loop(context: LoopContext, stop: asyncio.Event, wake: asyncio
             log.exception("analysis pass failed; retrying next interval")
         else:
             context.analysis_stats.pass_seconds.observe(time.monotonic() - started)
+        finally:
+            context.first_pass_done.set()
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(wake.wait())]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait(
