@@ -16,7 +16,7 @@ from smon.v1 import ingest_pb2_grpc as pb_grpc
 from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from tests.support import factories as f
-from tests.support.settings import after_first_pass, server_settings
+from tests.support.settings import server_settings
 
 WORLD = 4
 STEPS = 40
@@ -72,7 +72,7 @@ def server(database_url: str) -> Iterator[BackgroundServer]:
     """Passes only when a test runs one: a pass of the loop between two ranks' batches would
     analyse the job on the ranks stored so far."""
     with BackgroundServer(server_settings(database_url, analysis_interval=3600)) as running:
-        yield after_first_pass(running)
+        yield running
 
 
 @pytest.fixture
@@ -214,7 +214,7 @@ def paging_server(database_url: str, tmp_path: Path) -> Iterator[BackgroundServe
     )
     settings = server_settings(database_url, alert_rules=str(rules), analysis_interval=3600)
     with BackgroundServer(settings) as running:
-        yield after_first_pass(running)
+        yield running
 
 
 def test_a_new_attempt_does_not_page_for_the_old_ones_incident(paging_server: BackgroundServer) -> None:

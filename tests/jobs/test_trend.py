@@ -12,7 +12,7 @@ from smon_server.jobs.loop import analysis_pass
 from smon_server.runtime import BackgroundServer
 from smon_server.store.models import StepRecord
 from tests.support import factories as f
-from tests.support.settings import after_first_pass, server_settings
+from tests.support.settings import server_settings
 from tests.support.stored import store_batches
 
 RANKS = 4
@@ -26,7 +26,7 @@ def server(database_url: str) -> Iterator[BackgroundServer]:
         database_url, analysis_interval=3600, analysis_window_steps=CHUNK, stall_seconds=10_000
     )
     with BackgroundServer(settings) as running:
-        yield after_first_pass(running)
+        yield running
 
 
 def run_job(server: BackgroundServer, job: str, total: int) -> float:
