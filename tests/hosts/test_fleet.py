@@ -290,3 +290,37 @@ def test_a_pass_touches_only_hosts_whose_rows_changed(db: Database, now: float) 
     assert last_seen() == {"n-0": now + 61, "n-1": now + 61}
     straggler = {"rank": 3, "host": "n-1", "dp_rank": 3, "stage": 0, "slowdown": 1.3, "cause": "slow_worker"}
     assert heard(70, stragglers=[straggler]) == {"n-1"}
+
+
+def test_a_pass_charges_hosts_from_the_agents_its_analysis_read(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The analysis read the job's agents already (in its worker process, at scale): the pass
+    charges the hosts from those, not from a second read of every agent in the server process."""
+    import time
+
+    from smon_server.hosts import record
+    from smon_server.jobs.loop import analysis_pass
+    from smon_server.store.models import HostJob
+    from tests.support import factories as f
+    from tests.support.stored import store_batches
+
+    context = ServerContext.from_settings(server_settings(database_url, analysis_workers=0, warmup_steps=0))
+    try:
+        origin = time.time() - 120
+        records = f.dp_job_steps(4, range(20), slow_rank=3, slow_forward=0.03, origin=origin)
+        batches = [f.batch("read-once", r, 4, steps=records[r], host=f"n-{r // 2}") for r in range(4)]
+        store_batches(context.db, batches, now=time.time())
+
+        def read_again(**_: Any) -> None:
+            raise AssertionError("the job's agents read again to charge its hosts")
+
+        monkeypatch.setattr(record.queries, "rank_agents", read_again)
+        assert analysis_pass(context, time.time()) == 1
+        with context.db.session() as s:
+            rows = s.scalars(select(HostJob).where(HostJob.job_id == "read-once")).all()
+            assert sorted((r.host, r.ranks) for r in rows) == [("n-0", 2), ("n-1", 2)]
+            incidents = s.scalars(select(HostIncident).where(HostIncident.job_id == "read-once")).all()
+            assert [(i.host, i.rank) for i in incidents] == [("n-1", 3)]
+    finally:
+        context.close()

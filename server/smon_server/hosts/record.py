@@ -64,10 +64,20 @@ def shares(stragglers: Sequence[dict[str, Any]], job_slowdown: float | None) -> 
     return [e / whole if whole > 0 else 0.0 for e in excess]
 
 
-def record(session: Session, *, job: Job, result: AnalysisResult, now: float) -> set[str]:
+def record(
+    session: Session,
+    *,
+    job: Job,
+    result: AnalysisResult,
+    now: float,
+    agents: Sequence[RankAgent] | None = None,
+) -> set[str]:
     """Hosts of the job attempt, its straggler incidents and its GPUs' new health events stored;
-    returns the hosts whose figures changed."""
-    agents = queries.rank_agents(session=session, job=job)
+    returns the hosts whose figures changed. `agents`: the job attempt's agents as the analysis
+    read them (queries.rank_agents), else read here: the rollups then describe the agents the
+    stored analysis saw."""
+    if agents is None:
+        agents = queries.rank_agents(session=session, job=job)
     touched, rows = _host_jobs(session, job, agents)
     if not result.flagged:
         touched |= _incidents(session, job, result, agents, now)

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -33,6 +34,7 @@ from smon_server.store import attempts, ledger, partitions, phase_grids, queries
 from smon_server.store.db import DATABASE_UNAVAILABLE, Database
 from smon_server.store.leases import try_lease
 from smon_server.store.models import Alert, AnalysisResult, Job
+from smon_server.store.queries import RankAgent
 from smon_server.store.replicas import Membership
 
 log = logging.getLogger(__name__)
@@ -339,17 +341,25 @@ def _analyse_leased(context: LoopContext, job_id: str, attempt: int, lease: str,
         if result.get("phase_columns") is not None:
             phase_grids.write(session, job.key, result["phase_columns"])
         trend.store(session, row, result.get("trend") or [], now)
-        _charge_hosts(context, session, job, row, now)
+        _charge_hosts(context, session, job, row, now, result.get("agents"))
     return True
 
 
-def _charge_hosts(context: LoopContext, session: Session, job: Job, row: AnalysisResult, now: float) -> None:
+def _charge_hosts(
+    context: LoopContext,
+    session: Session,
+    job: Job,
+    row: AnalysisResult,
+    now: float,
+    agents: Sequence[RankAgent] | None,
+) -> None:
     """The fleet view's rollups of the job's new analysis and GPU samples (hosts/record.py), in
     a savepoint on PostgreSQL: a failure there is logged and leaves the job's own result standing
-    (pysqlite's savepoints are unreliable: on SQLite a failure fails the job's pass, as any other)."""
+    (pysqlite's savepoints are unreliable: on SQLite a failure fails the job's pass, as any other).
+    `agents`: those the analysis read, if it says."""
     try:
         with session.begin_nested() if context.db.is_postgres else contextlib.nullcontext():
-            touched = host_record.record(session, job=job, result=row, now=now)
+            touched = host_record.record(session, job=job, result=row, now=now, agents=agents)
     except DATABASE_UNAVAILABLE:
         raise
     except Exception:
