@@ -55,7 +55,7 @@ def test_phase_spans_match_injected_costs(ingest, attach_fast):
         # below it absorbs a loaded machine's late wake-ups).
         assert FORWARD_SLEEP <= fwd.duration < FORWARD_SLEEP + BACKWARD_SLEEP
         assert BACKWARD_SLEEP <= bwd.duration < BACKWARD_SLEEP + FORWARD_SLEEP
-        assert opt.duration < 0.01  # the forward / backward sleeps are not in the optimizer span
+        assert opt.duration < FORWARD_SLEEP  # neither sleep is in the optimizer span (0.05 s, 0.08 s)
         assert fwd.microbatch == 0 and bwd.microbatch == 0 and not data.HasField("microbatch")
         # spans are ordered, inside the step and do not overlap here
         assert step.start_time <= data.start and opt.start + opt.duration <= step.end_time + 1e-6
