@@ -70,8 +70,8 @@ class StepTables:
     """StepTables of k consecutive DDP steps, made from one template with array arithmetic so the
     load generator spends microseconds, not a Python object per span, on each batch."""
 
-    def __init__(self) -> None:
-        template = to_table(f.dp_job_steps(1, [0], origin=0.0)[0])
+    def __init__(self, step: list[pb.StepRecord] | None = None) -> None:
+        template = to_table(step if step is not None else f.dp_job_steps(1, [0], origin=0.0)[0])
         self.template = template
         self.spans = template.records and len(np.frombuffer(template.span_kind, "<u2"))
         self.span_offset = np.frombuffer(template.span_start, "<f8")  # from the step's start
@@ -154,10 +154,14 @@ class SimAgent:
             sent_time=now,
         )
         if k:
-            starts = origin + np.arange(self.sent_steps, upto) / self.rate
-            b.step_table.CopyFrom(self.tables.table(self.sent_steps, starts))
+            b.step_table.CopyFrom(self.step_table(origin, upto))
         self.sent_steps = upto
         return b.SerializeToString()
+
+    def step_table(self, origin: float, upto: int) -> pb.StepTable:
+        """The steps from the last sent one up to `upto` (exclusive), step k starting at
+        origin + k / rate."""
+        return self.tables.table(self.sent_steps, origin + np.arange(self.sent_steps, upto) / self.rate)
 
     async def run(
         self, channel: grpc.aio.Channel, start: float, stop: float, measure_from: float, figures: Figures

@@ -12,7 +12,12 @@ time, as a synchronous data-parallel job's do). Meanwhile this process polls
 - freshness: the age of the newest analysed step (`to_step`) when each summary was read, against
   the budget of one analysis interval + 15 s, and how often `computed_at` moved (the pass cadence);
 - CPU: cores of the server's main process (ingest, API), its analysis processes, PostgreSQL's
-  backends and this load generator.
+  backends and this load generator;
+- with `--straggler-at T`: from the step made T s after the start one rank's forward takes
+  `--straggler-forward` s longer and every other rank waits for it in the gradient sync; the
+  time from that step's start to the first summary naming the rank among the recent stretch's
+  stragglers, and among the window's (the time to flag at this scale), and how many reads before
+  it named any straggler.
 
     .venv/bin/python benchmarks/fleet_job.py [--ranks 4096,8192,16384] [--duration 120]
 
@@ -39,6 +44,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import psycopg
 from sqlalchemy.engine import make_url
@@ -51,6 +57,7 @@ from benchmarks.bench_db import fresh_database  # noqa: E402
 from benchmarks.fleet import Figures, SimAgent, StepTables, fleet, relayed_fleet  # noqa: E402
 from benchmarks.ingest import backends_of, cpu_seconds  # noqa: E402
 from smon.config import AgentConfig  # noqa: E402
+from smon.v1 import ingest_pb2 as pb  # noqa: E402
 from tests.support import factories as f  # noqa: E402
 from tests.support.server_process import free_port, start_server  # noqa: E402
 
@@ -62,14 +69,63 @@ class RankAgent(SimAgent):
     job's start (shared by every rank) instead of its own."""
 
     def __init__(
-        self, job: str, rank: int, world: int, rate: float, tables: StepTables, config: AgentConfig
+        self,
+        job: str,
+        rank: int,
+        world: int,
+        rate: float,
+        tables: StepTables,
+        config: AgentConfig,
+        onset: tuple[int, StepTables] | None = None,
     ) -> None:
         super().__init__(job, rank, rate, tables, config)
         self.coords = f.coords(job, rank, world, host=f"host-{rank // 8}")
         self.job_origin = 0.0  # set once the fleet's start is known
+        # (first step, its steps from then on): the straggler's, or a peer's waiting for it
+        self.onset = onset
 
     def batch(self, now: float, origin: float, upto: int, dropped: int) -> bytes:
         return super().batch(now, self.job_origin or origin, upto, dropped)
+
+    def step_table(self, origin: float, upto: int) -> pb.StepTable:
+        if self.onset is None or upto <= self.onset[0]:
+            return super().step_table(origin, upto)
+        at, after = self.onset
+        first = self.sent_steps
+        starts = origin + np.arange(first, upto) / self.rate
+        split = max(0, at - first)
+        later = after.table(first + split, starts[split:])
+        return later if split == 0 else _joined(self.tables.table(first, starts[:split]), later)
+
+
+_COLUMNS = (
+    "step", "start_time", "end_time", "duration", "gc_count", "gc_seconds", "span_count", "span_kind",
+    "span_start", "span_duration",
+)  # fmt: skip
+
+
+def _joined(a: pb.StepTable, b: pb.StepTable) -> pb.StepTable:
+    """Two tables of consecutive steps as one (the same span kinds, as StepTables makes them)."""
+    assert list(a.kinds) == list(b.kinds)
+    out = pb.StepTable(records=a.records + b.records, kinds=a.kinds)
+    for name in _COLUMNS:
+        setattr(out, name, getattr(a, name) + getattr(b, name))
+    return out
+
+
+@dataclass(frozen=True)
+class Onset:
+    """From `step` on, `rank` computes `forward` seconds longer each step and every other rank
+    waits for it in the gradient sync (tests.support.factories.dp_job_steps)."""
+
+    step: int
+    rank: int
+    forward: float
+
+    def tables(self) -> tuple[StepTables, StepTables]:
+        """(the straggler's steps, a peer's), from the onset on."""
+        steps = f.dp_job_steps(2, [0], slow_rank=1, slow_forward=self.forward, origin=0.0)
+        return StepTables(steps[1]), StepTables(steps[0])
 
 
 @dataclass
@@ -79,6 +135,8 @@ class Polls:
     reads: list[tuple[float, int | None, float | None]] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     seconds: list[float] = field(default_factory=list)  # how long each read took
+    # Per read: (wall time, ranks named in the recent stretch's stragglers, in the window's)
+    named: list[tuple[float, set[int], set[int]]] = field(default_factory=list)
 
 
 def read_summary(url: str) -> dict[str, Any] | str:
@@ -109,6 +167,9 @@ async def poll(url: str, every: float, stop: float, polls: Polls) -> None:
             polls.errors[body] = polls.errors.get(body, 0) + 1
         else:
             polls.reads.append((time.time(), body.get("to_step"), epoch(body.get("computed_at"))))
+            recent = {int(x["rank"]) for x in (body.get("recent") or {}).get("stragglers") or []}
+            window = {int(x["rank"]) for x in body.get("stragglers") or []}
+            polls.named.append((time.time(), recent, window))
         await asyncio.sleep(max(0.0, every - (time.perf_counter() - began)))
 
 
@@ -247,7 +308,9 @@ def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str,
     if polls.errors:
         print(f"  summary reads that failed: {polls.errors}")
     fresh = freshness(polls, origin, args.rate, origin + args.warmup)
+    onset = straggler(args)
     return {
+        "flag": time_to_flag(polls, origin, args.rate, onset) if onset is not None else None,
         "ranks": n,
         **figures.acked(args.duration, config.flush_interval),
         "sent": sum(a.sent_steps for a in agents),
@@ -269,7 +332,31 @@ def make_agents(
 ) -> list[RankAgent]:
     """One simulated shipper per rank (with `--ranks-per-host` K > 1, fleet.SimRelay bundles each
     host's K ranks on one StreamHost stream, as the agents' host relay does)."""
-    return [RankAgent(job, rank, n, args.rate, tables, config) for rank in range(n)]
+    onset = straggler(args)
+    if onset is None:
+        return [RankAgent(job, rank, n, args.rate, tables, config) for rank in range(n)]
+    slow, peer = onset.tables()
+    return [
+        RankAgent(job, rank, n, args.rate, tables, config, (onset.step, slow if rank == onset.rank else peer))
+        for rank in range(n)
+    ]
+
+
+def straggler(args: argparse.Namespace) -> Onset | None:
+    if args.straggler_at <= 0:
+        return None
+    return Onset(round(args.straggler_at * args.rate), args.straggler_rank, args.straggler_forward)
+
+
+def time_to_flag(polls: Polls, origin: float, rate: float, onset: Onset) -> dict[str, Any]:
+    """Seconds from the onset step's start to the first summary read naming the straggler in
+    the recent stretch, and in the window's stragglers; reads before the onset naming any rank."""
+    at = origin + onset.step / rate
+    recent = next((t - at for t, r, _ in polls.named if t >= at and onset.rank in r), None)
+    window = next((t - at for t, _, w in polls.named if t >= at and onset.rank in w), None)
+    before = [(r, w) for t, r, w in polls.named if t < at]
+    false = sum(1 for r, w in before if r or w)
+    return {"recent": recent, "window": window, "before": len(before), "false": false}
 
 
 def main() -> None:
@@ -288,6 +375,19 @@ def main() -> None:
     )
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server")
     parser.add_argument("--server-log", default="", help="keep the server's output in this file")
+    parser.add_argument(
+        "--straggler-at",
+        type=float,
+        default=0.0,
+        help="seconds after the job's start when one rank turns slow (0: none); reports the time to flag",
+    )
+    parser.add_argument("--straggler-rank", type=int, default=1, help="the rank that turns slow")
+    parser.add_argument(
+        "--straggler-forward",
+        type=float,
+        default=0.3,
+        help="seconds its forward takes longer each step (a step: 1 / rate)",
+    )
     args = parser.parse_args()
     fleet_module.DRAIN_SECONDS = args.drain
     config = AgentConfig()
@@ -324,6 +424,16 @@ def main() -> None:
             f"{r['pass_seconds']:.1f} s on average",
             flush=True,
         )
+        flag = r["flag"]
+        if flag is not None:
+            named = {k: "never" if flag[k] is None else f"{flag[k]:.1f} s" for k in ("recent", "window")}
+            print(
+                f"  straggler (rank {args.straggler_rank}, +{args.straggler_forward * 1000:.0f} ms forward "
+                f"from {args.straggler_at:.0f} s): named in the recent stretch {named['recent']} after the "
+                f"onset, in the window's stragglers {named['window']}; {flag['false']} of the "
+                f"{flag['before']} reads before it named a straggler",
+                flush=True,
+            )
         print(
             "  summary age by read (s after the start: age s): "
             + ", ".join(f"{at:.0f}: {age:.1f}" for at, age in r["series"]),

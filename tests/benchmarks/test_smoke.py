@@ -42,7 +42,11 @@ SMOKES = [
     Smoke("hosts_latency.py", "--hosts 20 --incidents 50 --requests 2", "GET /metrics"),
     Smoke("ingest.py", "--agents 2 --jobs 1 --batches 2 --rounds 1", "raw COPY"),
     Smoke("fleet.py", "--agents 10 --duration 2 --warmup 1", "largest fleet sustained"),
-    Smoke("fleet_job.py", "--ranks 8 --duration 3 --warmup 1 --analysis-interval 1 --poll 1", "stored once"),
+    Smoke(
+        "fleet_job.py",
+        "--ranks 8 --duration 3 --warmup 1 --analysis-interval 1 --poll 1 --straggler-at 2",
+        "named in the recent stretch",
+    ),
     Smoke("dashboard_load.py", "--ranks 8 --jobs 1 --runs 1", "navigation -> heatmap drawn"),
     # Real torch jobs, but a smoke run asserts only that the script reached its report: parallel.
     Smoke(
