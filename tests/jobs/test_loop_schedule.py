@@ -37,8 +37,14 @@ def test_a_background_server_is_started_once_its_first_pass_has_ended(
         return real(context, now)
 
     monkeypatch.setattr(loop, "analysis_pass", late)
-    with BackgroundServer(server_settings(database_url, analysis_interval=3600)) as server:
+    settings = server_settings(database_url, analysis_interval=3600)
+    with BackgroundServer(settings) as server:
         assert server.context is not None and server.context.first_pass_done.is_set()
+    # A first pass past its bound: an error, and the server stopped rather than left running.
+    slow = BackgroundServer(settings)
+    with pytest.raises(TimeoutError, match="first analysis pass"):
+        slow.start(first_pass_timeout=0.2)
+    assert not slow._thread.is_alive()
 
 
 @pytest.fixture
