@@ -256,6 +256,7 @@ def freshness(polls: Polls, origin: float, rate: float, measured_from: float) ->
 
 def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str, Any]:
     tables = StepTables()
+    onset = straggler(args)
     job = f"fleet-job-{n}"
     with fresh_database("smon_bench_fleet_job") as database_url:
         url = make_url(database_url)
@@ -275,7 +276,7 @@ def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str,
             summary_url = (
                 f"http://127.0.0.1:{https[0]}/api/v1/jobs/{urllib.parse.quote(job, safe='')}/summary"
             )
-            agents = make_agents(job, n, args, tables, config)
+            agents = make_agents(job, n, args, tables, config, onset)
             database = url.database or ""
             pids = [server.pid for server in servers]
             workers = [w for pid in pids for w in children(pid)]
@@ -308,7 +309,6 @@ def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str,
     if polls.errors:
         print(f"  summary reads that failed: {polls.errors}")
     fresh = freshness(polls, origin, args.rate, origin + args.warmup)
-    onset = straggler(args)
     return {
         "flag": time_to_flag(polls, origin, args.rate, onset) if onset is not None else None,
         "ranks": n,
@@ -328,11 +328,10 @@ def one_size(n: int, args: argparse.Namespace, config: AgentConfig) -> dict[str,
 
 
 def make_agents(
-    job: str, n: int, args: argparse.Namespace, tables: StepTables, config: AgentConfig
+    job: str, n: int, args: argparse.Namespace, tables: StepTables, config: AgentConfig, onset: Onset | None
 ) -> list[RankAgent]:
     """One simulated shipper per rank (with `--ranks-per-host` K > 1, fleet.SimRelay bundles each
     host's K ranks on one StreamHost stream, as the agents' host relay does)."""
-    onset = straggler(args)
     if onset is None:
         return [RankAgent(job, rank, n, args.rate, tables, config) for rank in range(n)]
     slow, peer = onset.tables()
