@@ -448,7 +448,12 @@ def engine_seconds(url: str, job_ids: list[str]) -> float:
             if built.ops is not None:
                 tables.append(built.ops)
     db.dispose()
-    config = WhatIfConfig(estimator=settings.estimator)
+    try:  # the pass's own configuration (its float width), where the tree has one
+        from smon_server.jobs.analysis import live_config
+
+        config = live_config(settings)
+    except ImportError:
+        config = WhatIfConfig(estimator=settings.estimator)
     start = time.perf_counter()
     for ops in tables:
         analyze(ops, config=config)

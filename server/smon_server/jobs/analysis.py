@@ -109,7 +109,7 @@ def analyze_job(
         worker_ranks=worker_ranks,
         job_id=job.job_id,
         world_size=job.world_size,
-        config=WhatIfConfig(estimator=settings.estimator),
+        config=live_config(settings),
         warmup_steps=settings.warmup_steps,
         backend=_backend(agents),
         reuse=reuse,
@@ -146,7 +146,7 @@ def analyze_job(
             hosts=hosts,
             health=health,
             worker_ranks=worker_ranks,
-            config=WhatIfConfig(estimator=settings.estimator),
+            config=live_config(settings),
             backend=_backend(agents),
             within=kept,  # its layout cut from the window's (whatif/incremental.cut)
         )
@@ -169,6 +169,14 @@ def analyze_job(
         # rather than reading them again in the server process (~0.1 s at 16,384 ranks).
         "agents": agents if window is None else None,
     }
+
+
+def live_config(settings: Settings) -> WhatIfConfig:
+    """The engine's configuration for live jobs. Replays in single precision at every size (the
+    engine's "auto" keeps double below a million ops): a live step's times are seconds within
+    the step, where float32 resolves a microsecond at 10 s, and S moves in its seventh digit, while
+    a 64-rank window's engine costs ~25% less (docs/storage.md, 2026-11-29)."""
+    return WhatIfConfig(estimator=settings.estimator, precision="single")
 
 
 # A later pass over a window this big (ops) trims too: below it, what the few new steps freed is
