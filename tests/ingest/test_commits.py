@@ -459,3 +459,68 @@ def test_a_database_away_fails_the_group_at_once_with_one_line_for_the_outage(
     ]
     assert "server closed the connection" in lines[0].getMessage()
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_a_hosts_batches_share_one_group_and_each_gets_its_own_outcome(db: Database, gate: Gate) -> None:
+    """write_many (a host relay's message): its parts go to a writer together, and each part's
+    outcome comes back in part order: stored, stored again (a duplicate), refused alone."""
+    committer = GroupCommitter(db)
+    committer.start()
+
+    async def scenario() -> list[WriteResult | BaseException]:
+        blocker = asyncio.create_task(committer.write(valid(0, 1, range(0, 2))))
+        await wait_entered(gate)
+        parts = [
+            valid(1, 1, range(0, 5)),
+            valid(2, 1, range(0, 5), agent="poison"),
+            valid(1, 1, range(0, 5)),
+            valid(3, 1, range(0, 5)),
+        ]
+        host = asyncio.create_task(committer.write_many(parts))
+        await asyncio.sleep(0.1)
+        assert not host.done()  # nothing is answered before its commit
+        gate.release.set()
+        await blocker
+        return await host
+
+    results = asyncio.run(scenario())
+    committer.stop()
+    assert [type(r).__name__ for r in results] == [
+        "WriteResult",
+        "RuntimeError",
+        "WriteResult",
+        "WriteResult",
+    ]
+    stored = [r for r in results if isinstance(r, WriteResult)]
+    assert [r.duplicate for r in stored] == [False, True, False]
+    assert gate.calls[1] == ["agent-grouped-1/1", "poison/1", "agent-grouped-1/1", "agent-grouped-3/1"]
+    assert stored_steps(db) == 12
+
+
+def test_a_hosts_message_withdrawn_or_held_when_its_stream_ends(db: Database, gate: Gate) -> None:
+    """Cancelled while queued, a host's message is withdrawn whole (never stored); cancelled while
+    a writer holds it, it still returns each part's outcome, so the stream can ack them."""
+    committer = GroupCommitter(db)
+    committer.start()
+
+    async def scenario() -> list[WriteResult | BaseException]:
+        held = asyncio.create_task(committer.write_many([valid(0, 1, range(0, 5)), valid(1, 1, range(0, 5))]))
+        await wait_entered(gate)  # the writer holds the first message
+        queued = asyncio.create_task(
+            committer.write_many([valid(2, 1, range(0, 5)), valid(3, 1, range(0, 5))])
+        )
+        await asyncio.sleep(0.05)
+        queued.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        held.cancel()
+        await asyncio.sleep(0.05)
+        gate.release.set()
+        return await held
+
+    results = asyncio.run(scenario())
+    committer.stop()
+    assert [type(r).__name__ for r in results] == ["WriteResult", "WriteResult"]
+    assert gate.calls == [["agent-grouped-0/1", "agent-grouped-1/1"]]  # the queued one never written
+    assert stored_steps(db) == 10
+    assert committer.throttle_seconds() == 0.0
