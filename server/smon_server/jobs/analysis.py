@@ -174,8 +174,8 @@ def analyze_job(
 def live_config(settings: Settings) -> WhatIfConfig:
     """The engine's configuration for live jobs. Replays in single precision at every size (the
     engine's "auto" keeps double below a million ops): a live step's times are seconds within
-    the step, where float32 resolves a microsecond at 10 s, and S moves in its seventh digit, while
-    a 64-rank window's engine costs ~25% less (docs/storage.md, 2026-11-29)."""
+    the step, where float32 resolves a microsecond at 10 s, and S moves in its seventh decimal, while
+    a 64-rank window's engine costs ~25% less (docs/analysis.md "Precision")."""
     return WhatIfConfig(estimator=settings.estimator, precision="single")
 
 
