@@ -159,9 +159,12 @@ class SimAgent:
         return b.SerializeToString()
 
     def step_table(self, origin: float, upto: int) -> pb.StepTable:
-        """The steps from the last sent one up to `upto` (exclusive), step k starting at
-        origin + k / rate."""
-        return self.tables.table(self.sent_steps, origin + np.arange(self.sent_steps, upto) / self.rate)
+        """The steps from the last sent one up to `upto` (exclusive)."""
+        return self.tables.table(self.sent_steps, self.starts(origin, upto))
+
+    def starts(self, origin: float, upto: int) -> np.ndarray:
+        """Start times of the steps from the last sent one up to `upto`: step k at origin + k / rate."""
+        return origin + np.arange(self.sent_steps, upto) / self.rate
 
     async def run(
         self, channel: grpc.aio.Channel, start: float, stop: float, measure_from: float, figures: Figures

@@ -44,7 +44,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import psycopg
 from sqlalchemy.engine import make_url
@@ -91,8 +90,7 @@ class RankAgent(SimAgent):
         if self.onset is None or upto <= self.onset[0]:
             return super().step_table(origin, upto)
         at, after = self.onset
-        first = self.sent_steps
-        starts = origin + np.arange(first, upto) / self.rate
+        first, starts = self.sent_steps, self.starts(origin, upto)
         split = max(0, at - first)
         later = after.table(first + split, starts[split:])
         return later if split == 0 else _joined(self.tables.table(first, starts[:split]), later)
