@@ -37,6 +37,7 @@ from smon_server.whatif.batches import Prepared, replay_by_replica, replay_resto
 from smon_server.whatif.ops import p2p_family
 from smon_server.whatif.replay import run
 from smon_server.whatif.result import Attribution, Decomposition
+from smon_server.whatif.robust import median
 from smon_server.whatif.sources import IdealSource, MaskedSource
 
 MODEL_COMPUTE = (O.FORWARD_COMPUTE, O.BACKWARD_COMPUTE)
@@ -155,7 +156,7 @@ def _decompose(
         same = slots[(keys == key).all(axis=1)]
         per_worker = measured[same].mean(axis=(0, 1), dtype=np.float64)  # [dp]
         worker_profile[same] = per_worker[None, None, :]
-        stage_profile[same] = float(np.median(per_worker))
+        stage_profile[same] = float(median(per_worker))
     t_stage = float(run(prep.program, IdealSource(stage_profile), (1, 1, 1), 2, np.float64)[0, 0])
     src = MaskedSource(
         worker_profile.astype(measured.dtype), prep.durations.ideal, np.ones((1, n_slots, n_dp), bool)

@@ -20,6 +20,7 @@ import numpy as np
 from smon_server.whatif.graph import build_graph
 from smon_server.whatif.layout import build_layout
 from smon_server.whatif.ops import OpTable
+from smon_server.whatif.robust import median
 
 
 def estimate_offsets(table: OpTable) -> dict[tuple[int, int], float]:
@@ -66,7 +67,7 @@ def estimate_offsets(table: OpTable) -> dict[tuple[int, int], float]:
     # that shares no op with the rest): a tiny ridge picks the smallest offsets there.
     ridge = 1e-9 * max(float(np.trace(laplacian)) / n_workers, 1.0)
     offset = np.linalg.solve(laplacian + ridge * np.eye(n_workers) + 1.0 / n_workers, rhs)
-    offset -= float(np.median(offset))
+    offset -= float(median(offset))
     return {
         (int(layout.dp_ranks[d]), int(layout.stages[s])): float(offset[d * n_stages + s])
         for d in range(n_dp)

@@ -47,7 +47,7 @@ import numpy as np
 
 from smon_server.whatif.graph import StepGraph
 from smon_server.whatif.layout import StepLayout
-from smon_server.whatif.robust import beyond_noise, lower_median_index, robust_sigma
+from smon_server.whatif.robust import beyond_noise, lower_median_index, median, robust_sigma
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ def ideal_durations(
                 left_out[name] = out
         elif graph.is_comm[slots[0]]:
             chosen = values[present[slots]]
-            value = float(np.median(chosen)) if chosen.size else 0.0
+            value = float(median(chosen)) if chosen.size else 0.0
         else:
             value = float(values.mean(dtype=np.float64))
         if host_floor and name in host_floor and not graph.is_comm[slots[0]]:

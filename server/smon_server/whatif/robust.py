@@ -16,6 +16,8 @@ passes either (`beyond_noise`):
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 MAD_TO_SIGMA = 1.4826  # median absolute deviation -> standard deviation of a normal
@@ -30,8 +32,33 @@ def lower_median_index(values: np.ndarray) -> int:
     return int(np.argsort(values, kind="stable")[(values.shape[0] - 1) // 2])
 
 
+def median(values: np.ndarray, axis: int | None = None, keepdims: bool = False) -> Any:
+    """np.median of floats, to the bit (NaN where a lane has one), with one selection per call.
+
+    np.median partitions at both middles and at the end (its NaN check): on the 8,192 drawn
+    deviations a robust sigma takes, that was 4-9x the time of one partition at the upper middle
+    with the lower middle the largest value below it, and a small job's pass takes some thirty
+    such medians per analysis. Other dtypes and empty lanes go to np.median."""
+    a = np.asarray(values)
+    n = a.size if axis is None else a.shape[axis]
+    if a.dtype.kind != "f" or n == 0:
+        return np.median(values, axis=axis, keepdims=keepdims)
+    if axis is None:
+        whole = median(a.ravel(), axis=0)
+        return np.asarray(whole).reshape((1,) * a.ndim) if keepdims else whole
+    k = n // 2
+    part = np.partition(np.moveaxis(a, axis, -1), k, axis=-1)
+    out = part[..., k]
+    if n % 2 == 0:
+        out = (part[..., :k].max(axis=-1) + out) / 2
+    nan = np.isnan(part[..., k:]).any(axis=-1)  # partition puts NaN last, as sort does
+    if nan.any():
+        out = np.where(nan, np.nan, out).astype(a.dtype)
+    return np.expand_dims(out, axis) if keepdims else out[()]  # a scalar, as np.median's
+
+
 def robust_sigma(values: np.ndarray, axis: int = 0) -> np.ndarray:
-    return MAD_TO_SIGMA * np.median(np.abs(values - np.median(values, axis=axis, keepdims=True)), axis=axis)
+    return MAD_TO_SIGMA * median(np.abs(values - median(values, axis=axis, keepdims=True)), axis=axis)
 
 
 def jitter_against(per_step: np.ndarray, reference: int, workers: np.ndarray | None = None) -> np.ndarray:

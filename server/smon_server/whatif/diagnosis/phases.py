@@ -26,6 +26,7 @@ from smon_server.whatif.diagnosis.base import (
     most_common,
     num,
 )
+from smon_server.whatif.robust import median
 
 CHECKPOINT_WORDS = ("checkpoint", "ckpt", "save")
 
@@ -73,8 +74,8 @@ def data_loader(f: Facts) -> list[Diagnosis]:
     if share < f.config.min_share or wait is None:
         return []
     mean = wait.mean(axis=0)  # [dp, stage]
-    median = float(np.median(mean))
-    excess = np.maximum(mean - median, 0.0)
+    typical = float(median(mean))
+    excess = np.maximum(mean - typical, 0.0)
     order = np.argsort(-excess, axis=None, kind="stable")
     total = float(excess.sum()) or 1.0
     named, covered = [], 0.0
@@ -86,7 +87,7 @@ def data_loader(f: Facts) -> list[Diagnosis]:
         covered += float(excess[w])
     evidence: dict[str, Any] = {
         "data_wait_share": num(share),
-        "median_data_wait_s": num(median),
+        "median_data_wait_s": num(typical),
         "workers": [{**f.worker(*w), "data_wait_s": num(mean[w])} for w in named],
     }
     if named:
@@ -94,7 +95,7 @@ def data_loader(f: Facts) -> list[Diagnosis]:
         more = f" (and {len(named) - 1} more ranks)" if len(named) > 1 else ""
         advice = (
             f"Check the data loader workers on {f.where(*first)}{more}: it waits {mean[first]:.3g} s "
-            f"per step for its batch vs {median:.3g} s on the median rank. Raise DataLoader "
+            f"per step for its batch vs {typical:.3g} s on the median rank. Raise DataLoader "
             "num_workers / prefetch_factor, use pin_memory, and check that host's storage or "
             "network reads and CPU load."
         )
@@ -127,7 +128,7 @@ def communication(f: Facts) -> list[Diagnosis]:
     if share < f.config.min_share or transfer is None:
         return []
     per_worker = transfer.mean(axis=0)  # [dp, stage]
-    ratio = per_worker / np.maximum(np.median(per_worker, axis=0, keepdims=True), 1e-12)
+    ratio = per_worker / np.maximum(median(per_worker, axis=0, keepdims=True), 1e-12)
     worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(ratio)), ratio.shape))
     # Transfers themselves must be slow: over their ideal job-wide, or on one worker against its
     # peers. Ranks waiting for a late peer do not count (waiting is not transfer).

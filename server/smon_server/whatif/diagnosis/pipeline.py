@@ -27,6 +27,7 @@ from smon_server.whatif.diagnosis.base import (
     clip01,
     num,
 )
+from smon_server.whatif.robust import median
 
 HEAVY = 1.05  # a stage 5% above the mean stage is a partitioning problem worth moving layers for
 MODEL_COMPUTE = (O.FORWARD_COMPUTE, O.BACKWARD_COMPUTE)
@@ -41,7 +42,7 @@ def stage_imbalance(f: Facts) -> list[Diagnosis]:
     compute = f.type_totals(*MODEL_COMPUTE)
     if compute is None:
         return []
-    typical = np.median(compute, axis=1)  # [step, stage]
+    typical = median(compute, axis=1)  # [step, stage]
     mean_typical = typical.mean(axis=0)
     ratio = mean_typical / max(float(mean_typical.mean()), 1e-12)
     worst, lightest = int(ratio.argmax()), int(ratio.argmin())

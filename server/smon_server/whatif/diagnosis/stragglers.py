@@ -39,7 +39,7 @@ from smon_server.whatif.diagnosis.base import (
     most_common,
     num,
 )
-from smon_server.whatif.robust import beyond_noise, lower_median_index
+from smon_server.whatif.robust import beyond_noise, lower_median_index, median
 
 COMPUTE_TYPES = frozenset({O.FORWARD_COMPUTE, O.BACKWARD_COMPUTE, O.OPTIMIZER, "h2d"})
 CHECKPOINT_WORDS = ("checkpoint", "ckpt", "save")
@@ -151,7 +151,7 @@ def when_lost(f: Facts, op_types: list[str], w: tuple[int, ...]) -> dict[str, An
     totals = _totals(f, op_types)
     if not totals:
         return {}
-    lost = np.asarray(sum(t[:, w[0], w[1]] - np.median(t[:, :, w[1]], axis=1) for t in totals))
+    lost = np.asarray(sum(t[:, w[0], w[1]] - median(t[:, :, w[1]], axis=1) for t in totals))
     if lost.max() <= 0:
         return {}
     big = lost > 0.5 * float(lost.max())

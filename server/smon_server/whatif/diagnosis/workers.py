@@ -23,6 +23,7 @@ from smon_server.whatif.diagnosis.base import (
     num,
 )
 from smon_server.whatif.diagnosis.stragglers import find_stragglers
+from smon_server.whatif.robust import median
 
 OUTLIER = 1.05  # 5% slower than the stage median: well above run-to-run noise of one kernel mix
 
@@ -35,8 +36,8 @@ def worker_causes(f: Facts) -> list[Diagnosis]:
     compute = f.type_totals(O.FORWARD_COMPUTE, O.BACKWARD_COMPUTE)
     if compute is None:
         return []
-    per_step_ratio = compute / np.maximum(np.median(compute, axis=1, keepdims=True), 1e-12)
-    ratio = compute.mean(axis=0) / np.maximum(np.median(compute.mean(axis=0), axis=0), 1e-12)
+    per_step_ratio = compute / np.maximum(median(compute, axis=1, keepdims=True), 1e-12)
+    ratio = compute.mean(axis=0) / np.maximum(median(compute.mean(axis=0), axis=0), 1e-12)
     worst = float(np.nanmax(ratio))
     cut = max(OUTLIER, 1.0 + 0.5 * (worst - 1.0))
     flat = np.argsort(-ratio, axis=None, kind="stable")[: f.config.max_named_workers]
