@@ -83,3 +83,27 @@ def test_complete_steps_far_apart_take_the_sorting_path() -> None:
     object.__setattr__(far, "step", np.where(np.arange(len(far)) >= len(records), 10**9, far.step))
     got, want = complete_steps(far, 4), _complete_steps_by_sorting(far, 4)
     assert np.array_equal(got.step, want.step) and np.array_equal(got.rank, want.rank)
+
+
+def test_since_is_a_view_of_step_ordered_rows_and_a_copy_otherwise() -> None:
+    """OpTable.since gives the rows of the mask `step >= s`, as views when the rows are in step
+    order (the live window's), by a gather when they are not."""
+    from tests.whatif.builders import data_parallel_step, table
+
+    ops = [
+        op
+        for step in range(6)
+        for op in data_parallel_step(step, [0.1, 0.3], backward=0.2, transfer=0.1, optimizer=0.1, origin=step)
+    ]
+    ordered = table(ops)
+    for first in (-1, 0, 3, 5, 9):
+        want = ordered.take(ordered.step >= first)
+        got = ordered.since(first)
+        for name in ("step", "dp_rank", "op_type", "start", "duration", "rank", "seq_sq"):
+            assert np.array_equal(getattr(got, name), getattr(want, name), equal_nan=True)
+        assert len(got) == 0 or np.shares_memory(got.duration, ordered.duration)
+    shuffled = ordered.take(np.random.default_rng(0).permutation(len(ordered)))
+    got = shuffled.since(3)
+    assert sorted(got.step.tolist()) == sorted(ordered.step[ordered.step >= 3].tolist())
+    assert np.array_equal(got.step, shuffled.step[shuffled.step >= 3])
+    assert not np.shares_memory(got.duration, shuffled.duration)

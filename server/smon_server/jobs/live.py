@@ -48,7 +48,7 @@ def recent_stragglers(
     too few. The window summary keeps its meaning (500 steps: a stable S, causes with evidence);
     this answers "who is straggling right now", within seconds of an onset. `within`: what the
     window's analysis kept (`result.prepared.kept`), whose layout these steps are cut from."""
-    recent = ops.take(ops.step >= from_step)
+    recent = ops.since(from_step)
     if len(recent) == 0:
         return None
     signals = Signals(

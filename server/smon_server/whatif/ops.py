@@ -124,6 +124,16 @@ class OpTable:
             ends_at_last_op=self.ends_at_last_op,
         )
 
+    def since(self, step: int) -> OpTable:
+        """The rows of steps >= `step`: views from the first of them when the rows are in step
+        order (step_table.convert makes them so), else a copy. A copy of a 64-rank window's
+        columns, to cut its recent stretch, was a tenth of that stretch's analysis."""
+        rows = self.step >= step
+        first = int(np.argmax(rows)) if rows.any() else len(rows)
+        if rows[first:].all():
+            return self if first == 0 else self.take(slice(first, None))
+        return self.take(rows)
+
     @property
     def has_host(self) -> bool:
         return bool(len(self)) and self.host_duration.shape[0] == len(self)

@@ -224,12 +224,7 @@ def trim(table: StepTable, lo: int) -> StepTable:
     if not table.row_steps.size or int(table.row_steps[0]) >= lo:
         return table
     keep = table.type_newest >= lo
-    rows = table.ops.step >= lo
-    first = int(np.argmax(rows)) if rows.any() else len(rows)
-    if rows[first:].all():  # rows in step order (step_table.convert): a view from the first kept
-        ops = table.ops if first == 0 else table.ops.take(slice(first, None))
-    else:
-        ops = table.ops.take(rows)
+    ops = table.ops.since(lo)
     if ops.seq_sq.shape[0] and len(ops) and not np.isfinite(ops.seq_sq).any():
         ops = replace(ops, seq_sq=np.empty(0))  # the steps with sequence statistics slid out
     return replace(
