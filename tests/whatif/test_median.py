@@ -4,6 +4,7 @@ place of np.median, so any difference would move S, a straggler's naming or its 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from smon_server.whatif.robust import median, robust_sigma
 
 
-def _same(want: object, got: object) -> bool:
+def _same(want: Any, got: Any) -> bool:
     return (
         type(want) is type(got)
         and np.shape(want) == np.shape(got)
@@ -51,7 +52,7 @@ def test_large_lanes_and_robust_sigma() -> None:
     rng = np.random.default_rng(3)
     for n in (8191, 8192, 64, 63):
         for dtype in (np.float64, np.float32):
-            x = rng.standard_normal(n).astype(dtype)
+            x: Any = rng.standard_normal(n).astype(dtype)
             assert _same(np.median(x), median(x))
             mad = 1.4826 * np.median(np.abs(x - np.median(x, axis=0, keepdims=True)), axis=0)
             assert _same(mad, robust_sigma(x))
