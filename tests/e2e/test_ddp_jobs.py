@@ -142,13 +142,33 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _baseline(report: Path) -> subprocess.CompletedProcess[str]:
+    """The job with SMon switched off (attach installs nothing), run once more when it failed in
+    torch's hands: 2.13's gloo has aborted a rank at exit here ("terminate called without an
+    active exception"), twice in many runs, and the job hung once (a clean-clone CI run,
+    2026-11-29: no output in 240 s, SMon off). Neither is SMon's; what SMon must not do is judged
+    on the second job, which gets no second chance. A hang now fails within BASELINE_TIMEOUT with
+    each rank's stacks (tests/support/forkrun.py), printed here when the retry passes."""
+    for attempt in (1, 2):
+        try:
+            done = run_job([], env={"SMON_DISABLE": "1"}, report=report, timeout=BASELINE_TIMEOUT)
+        except pytest.fail.Exception as hung:
+            if attempt == 2:
+                raise
+            print(f"the baseline job (SMon off) hung; run once more:\n{hung}")
+            continue
+        if attempt == 1 and done.returncode != 0 and "SIGABRT" in done.stderr:
+            continue
+        return done
+    raise AssertionError("unreachable")
+
+
+# The baseline job takes 6-15 s on the warm launcher; a hang costs this, not the default 240 s.
+BASELINE_TIMEOUT = 90.0
+
+
 def test_server_absent_training_unaffected(tmp_path: Path) -> None:
-    disabled = run_job([], env={"SMON_DISABLE": "1"}, report=tmp_path / "off")
-    if disabled.returncode != 0 and "SIGABRT" in disabled.stderr:
-        # Only the baseline, with SMon switched off (attach installs nothing): torch 2.13's gloo
-        # has aborted a rank at exit here ("terminate called without an active exception"),
-        # twice in many runs. That is torch's, not SMon's, so the baseline is run once more.
-        disabled = run_job([], env={"SMON_DISABLE": "1"}, report=tmp_path / "off")
+    disabled = _baseline(tmp_path / "off")
     assert disabled.returncode == 0, disabled.stderr[-4000:]
     absent = run_job(
         [],

@@ -100,7 +100,7 @@ def test_a_failing_rank_stops_the_job_with_its_status(tmp_path: Path) -> None:
     assert done.returncode == 128 + 6 and "SIGABRT" in done.stderr
 
 
-def test_a_timeout_kills_every_rank(tmp_path: Path) -> None:
+def test_a_timeout_kills_every_rank_after_each_wrote_its_stacks(tmp_path: Path) -> None:
     name = script(
         tmp_path,
         "hangs",
@@ -110,8 +110,11 @@ def test_a_timeout_kills_every_rank(tmp_path: Path) -> None:
         time.sleep(600)
         """,
     )
-    with pytest.raises(Failed, match="still running after 20 s"):
+    with pytest.raises(Failed, match="still running after 20 s") as failed:
         run_job_command(forked(2, [], module=name), job_env(tmp_path), timeout=20)
+    # Before the kill, each rank wrote where it stood (forkrun.STACKS_AFTER): the script's line.
+    message = str(failed.value)
+    assert message.count("most recent call first") >= 2 and "hangs" in message, message
     pids = [int((tmp_path / f"pid{rank}").read_text()) for rank in (0, 1)]
     deadline = time.monotonic() + 30
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:

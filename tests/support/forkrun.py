@@ -25,6 +25,7 @@ torchrun; tests/e2e/test_forkrun.py compares the two launchers' rank environment
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import json
 import os
 import runpy
@@ -39,6 +40,9 @@ from typing import Any
 
 # Seconds the other ranks get to exit after one fails, before they are killed.
 GRACE = 5.0
+# Environment variable: seconds after which each rank writes its threads' stacks to its stderr
+# (the warm launcher sets it a little under the job's timeout).
+STACKS_AFTER = "FORKRUN_STACKS_AFTER"
 
 
 @dataclass
@@ -112,6 +116,11 @@ def run_rank(launch: Launch, env: dict[str, str]) -> None:
     for held in _leader_only:
         held.close()
     os.environ.update(env)
+    after = os.environ.pop(STACKS_AFTER, None)  # not in the environment the script sees
+    if after:
+        # A rank still running this long is hung: its threads' stacks go to its stderr, which
+        # the client shows when it kills the job, so a hang says where each rank stood.
+        faulthandler.dump_traceback_later(float(after), exit=False, file=sys.stderr)
     sys.argv = [launch.module, *launch.args]
     try:
         runpy.run_module(launch.module, run_name="__main__", alter_sys=True)

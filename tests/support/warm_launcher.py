@@ -19,6 +19,7 @@ from typing import IO
 
 FORKRUN = [sys.executable, "-m", "tests.support.forkrun"]
 START_TIMEOUT = 120.0  # the server's imports, on a loaded 2-core machine
+STACKS_BEFORE_TIMEOUT = 5.0  # seconds before a job's timeout its ranks write their stacks
 
 
 class JobTimeout(Exception):
@@ -56,6 +57,8 @@ class WarmLauncher:
         """Run `forkrun ARGV` with this environment and the current directory: (status, stdout,
         stderr). Raises JobTimeout after killing the job's whole session."""
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            # Each rank writes its stacks to stderr shortly before the timeout (forkrun.STACKS_AFTER).
+            env = {**env, "FORKRUN_STACKS_AFTER": str(max(1.0, timeout - STACKS_BEFORE_TIMEOUT))}
             request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": os.getcwd()})
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
                 conn.connect(self.path)
