@@ -148,7 +148,7 @@ def _baseline(report: Path) -> subprocess.CompletedProcess[str]:
     active exception"), twice in many runs, and the job hung once (a clean-clone CI run,
     2026-11-29: no output in 240 s, SMon off). Neither is SMon's; what SMon must not do is judged
     on the second job, which gets no second chance. A hang now fails within BASELINE_TIMEOUT with
-    each rank's stacks (tests/support/forkrun.py), printed here when the retry passes."""
+    each rank's stacks (tests/support/forkrun.py), in the test's captured output."""
     for attempt in (1, 2):
         try:
             done = run_job([], env={"SMON_DISABLE": "1"}, report=report, timeout=BASELINE_TIMEOUT)

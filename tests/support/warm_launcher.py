@@ -57,8 +57,10 @@ class WarmLauncher:
         """Run `forkrun ARGV` with this environment and the current directory: (status, stdout,
         stderr). Raises JobTimeout after killing the job's whole session."""
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            # Each rank writes its stacks to stderr shortly before the timeout (forkrun.STACKS_AFTER).
-            env = {**env, "FORKRUN_STACKS_AFTER": str(max(1.0, timeout - STACKS_BEFORE_TIMEOUT))}
+            # Each rank writes its stacks to stderr shortly before the timeout (forkrun.STACKS_AFTER),
+            # unless the timeout is so short that a healthy job could still be running then.
+            if timeout > 2 * STACKS_BEFORE_TIMEOUT:
+                env = {**env, "FORKRUN_STACKS_AFTER": str(timeout - STACKS_BEFORE_TIMEOUT)}
             request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": os.getcwd()})
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
                 conn.connect(self.path)

@@ -125,9 +125,9 @@ class OpTable:
         )
 
     def since(self, step: int) -> OpTable:
-        """The rows of steps >= `step`: views from the first of them when the rows are in step
-        order (step_table.convert makes them so), else a copy. A copy of a 64-rank window's
-        columns, to cut its recent stretch, was a tenth of that stretch's analysis."""
+        """The rows of steps >= `step`: views from the first of them when every row after it is
+        one of them (rows in step order, as step_table.convert makes them), else a copy. A copy
+        of a 64-rank window's columns, to cut its recent stretch, was a tenth of its analysis."""
         rows = self.step >= step
         first = int(np.argmax(rows)) if rows.any() else len(rows)
         if rows[first:].all():
