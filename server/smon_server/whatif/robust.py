@@ -1,4 +1,5 @@
-"""Robust statistics shared by the robust estimator (durations.py) and straggler naming.
+"""Robust statistics shared by the robust estimator (durations.py) and straggler naming, and
+the median every part of the engine takes (`median`).
 
 Both ask the same question of a worker: does it stand out from its peers by more than noise? The
 reference is the peers' *lower* median (for two workers, the faster one, so a straggler cannot
@@ -43,10 +44,8 @@ def median(values: np.ndarray, axis: int | None = None, keepdims: bool = False) 
     takes in float32, subclasses, a tuple axis, a 0-d array with an axis, empty lanes) is
     np.median's."""
     a = values
-    plain = type(a) is np.ndarray and a.dtype in (np.float32, np.float64)
+    plain = type(a) is np.ndarray and a.dtype in (np.float32, np.float64) and a.size > 0
     if not plain or not (axis is None or (isinstance(axis, int) and a.ndim > 0)):
-        return np.median(values, axis=axis, keepdims=keepdims)
-    if (a.size if axis is None else a.shape[axis]) == 0:
         return np.median(values, axis=axis, keepdims=keepdims)
     if axis is None:
         whole = median(a.ravel(), axis=0)
