@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from smon_server.store import migrate, queries
+from smon_server.store import migrate, queries, step_series
 from smon_server.store.db import Database
 from smon_server.store.models import Base
 from smon_server.store.partitions import alembic_include_name
@@ -78,7 +79,8 @@ def test_0003_moves_stored_results_into_their_columns(empty_database_url: str) -
         def load(value: object) -> object:
             return json.loads(value) if isinstance(value, str) else value
 
-        assert load(row["summary"]) == old["summary"] and load(row["steps"]) == old["steps"]
+        assert load(row["summary"]) == old["summary"]
+        assert step_series.unpack(bytes(row["steps"])).rows() == old["steps"]  # packed by 0014
         assert load(row["workers"]) == old["workers"] and load(row["rank_overall"]) == old["rank_overall"]
         heat = grids.unpack(bytes(row["heatmap"]))
         assert heat.ranks.tolist() == [1, 3] and heat.steps.tolist() == [7]
@@ -107,6 +109,46 @@ def test_0003_downgrades_and_upgrades_again(db: Database) -> None:
     summary = row["summary"]
     assert row["state"] == "running"
     assert (json.loads(summary) if isinstance(summary, str) else summary) == {"slowdown": 1.25}
+
+
+def test_0014_packs_stored_step_series_and_unpacks_them_on_downgrade(empty_database_url: str) -> None:
+    """A series stored as JSON rows before 0014 reads the same packed after it, nulls kept; a
+    downgrade gives the rows back."""
+    import sqlalchemy as sa
+
+    rows = [
+        {"step": 7, "step_time": 1.3, "ideal_time": 1.0, "slowdown": 1.3},
+        {"step": 9, "step_time": 0.25, "ideal_time": 0.5, "slowdown": None},
+    ]
+    db = Database(empty_database_url)
+    try:
+        migrate.upgrade(db, "0013_step_writes")
+        with db.engine.begin() as c:
+            for job, steps in (("j", rows), ("empty", []), ("none", None)):
+                c.execute(
+                    sa.text(
+                        "INSERT INTO analysis_results (job_id, attempt, computed_at, state, steps_seen, "
+                        "stragglers, leading_cause, steps) VALUES (:j, 1, 5.0, 'running', 2, 0, '', :s)"
+                    ),
+                    {"j": job, "s": None if steps is None else json.dumps(steps)},
+                )
+        migrate.upgrade(db)
+
+        def stored() -> dict[str, Any]:
+            with db.engine.connect() as c:
+                return dict(c.execute(sa.text("SELECT job_id, steps FROM analysis_results")).all())
+
+        packed = stored()
+        series = step_series.unpack(bytes(packed["j"]))
+        assert series.steps.tolist() == [7, 9] and np.isnan(series.slowdown[1])
+        assert series.rows() == rows
+        assert len(step_series.unpack(bytes(packed["empty"]))) == 0
+        assert len(step_series.unpack(bytes(packed["none"]))) == 0
+        migrate.downgrade(db, "0013_step_writes")
+        back = {k: json.loads(v) if isinstance(v, str) else v for k, v in stored().items()}
+        assert back == {"j": rows, "empty": [], "none": []}
+    finally:
+        db.dispose()
 
 
 def _old_step(job: str, agent: str, rank: int, step: int, spans: list, phases: dict, **extra: object) -> dict:

@@ -99,7 +99,7 @@ def test_views_without_attribution() -> None:
     check_summary(s)
     assert s["m_w"] is None and s["attribution"]["by_op_type"] == {} and s["stragglers"] == []
     assert worker_grid(r)["values"] == [[None], [None]]
-    assert [p["step"] for p in step_series(r)] == [0, 1, 2]
+    assert [p["step"] for p in step_series(r).rows()] == [0, 1, 2]
     heat = rank_heatmap(r, {(0, 0): [0, 1], (1, 0): [2, 3]})
     assert heat.ranks.tolist() == [0, 1, 2, 3] and np.isnan(heat.values[0]).all()
     assert heat.values.shape == (4, 3)

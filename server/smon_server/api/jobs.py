@@ -60,7 +60,7 @@ from smon_server.jobs import phase_heatmap, refresh, trend, windows
 from smon_server.jobs.liveness import JobState, job_state
 from smon_server.jobs.step_ranges import window_steps
 from smon_server.settings import Settings
-from smon_server.store import grids, queries
+from smon_server.store import grids, queries, step_series
 from smon_server.store.models import AnalysisResult, Job
 from smon_server.store.queries import StepWindow
 from smon_server.store.step_window import read_window
@@ -140,6 +140,8 @@ def _analysis(db: Session, context: ApiContext, job: Job, window: StepWindow, *p
                 context.request_pass()
             if "heatmap" in stored:
                 stored["heatmap"] = grids.unpack(stored["heatmap"])
+            if "steps" in stored:
+                stored["steps"] = step_series.unpack(stored["steps"])
             return stored
         context.request_pass()  # not analysed yet: the pass does so now; this request meanwhile
     try:
@@ -221,7 +223,7 @@ def steps(
 ) -> StepsOut:
     job = resolved.job
     result = _analysis(db, context, job, window, "steps")
-    return StepsOut(job_id=job.job_id, **resolved.which, steps=[StepOut(**s) for s in result["steps"] or []])
+    return StepsOut(job_id=job.job_id, **resolved.which, steps=[StepOut(**s) for s in result["steps"].rows()])
 
 
 @router.get("/jobs/{job_id:path}/trend", response_model=TrendOut)

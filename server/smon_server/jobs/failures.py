@@ -22,7 +22,8 @@ from smon_server.grid import Grid
 from smon_server.jobs.live import empty_summary
 from smon_server.jobs.processes import WORKER_DIED, WORKER_DIED_AGAIN
 from smon_server.jobs.refresh import current_state
-from smon_server.store import grids
+from smon_server.series import StepSeries
+from smon_server.store import grids, step_series
 from smon_server.store.db import Database
 from smon_server.store.leases import try_lease
 from smon_server.store.models import AnalysisResult, Job
@@ -107,7 +108,7 @@ def fill_empty(row: AnalysisResult, job: Job, now: float) -> None:
     row.leading_cause = ""
     row.flagged = False
     row.summary = summary
-    row.steps = []
+    row.steps = step_series.pack(StepSeries.empty())
     row.workers = {"dp_ranks": [], "stages": [], "values": []}
     row.rank_overall = {}
     row.top_workers = []
@@ -124,7 +125,7 @@ def failed_result(job: Job, state: str, error: BaseException) -> dict[str, Any]:
         "error": describe(error),
         "error_at": now,
         "summary": empty_summary(job.job_id, job.world_size),
-        "steps": [],
+        "steps": StepSeries.empty(),
         "workers": {"dp_ranks": [], "stages": [], "values": []},
         "rank_overall": {},
         "heatmap": Grid.empty(),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smon_server.grid import Grid
+from smon_server.series import StepSeries
 from smon_server.views.summary import rank_heatmap, step_series, to_summary, worker_grid
 from smon_server.whatif.config import WhatIfConfig
 from smon_server.whatif.diagnosis import Diagnosis, diagnose_with_stragglers, stragglers
@@ -24,7 +25,7 @@ from smon_server.whatif.signals import GpuHealth, HangState, Signals
 @dataclass
 class LiveAnalysis:
     summary: dict[str, Any]  # DESIGN §6 summary fields
-    steps: list[dict[str, Any]] = field(default_factory=list)  # /steps series
+    steps: StepSeries = field(default_factory=StepSeries.empty)  # /steps series
     workers: dict[str, Any] = field(default_factory=dict)  # /workers: DP x stage grid of S_w
     rank_slowdown: Grid = field(default_factory=Grid.empty)  # rank x step heatmap of S_w
     rank_overall: dict[int, float] = field(default_factory=dict)  # S_w per rank

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from smon_server.store import grids
+from smon_server.store import grids, step_series
 from smon_server.store.models import AnalysisResult
 
 
@@ -36,7 +36,7 @@ def store_result(row: AnalysisResult, result: dict[str, Any]) -> None:
     row.step_seconds = result.get("step_seconds")
     row.top_workers = result.get("top_workers") or []
     row.summary = summary
-    row.steps = result["steps"]
+    row.steps = step_series.pack(result["steps"])
     row.workers = result["workers"]
     row.rank_overall = result["rank_overall"]
     row.heatmap = grids.pack(result["rank_slowdown"])

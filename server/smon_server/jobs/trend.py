@@ -19,28 +19,27 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from smon_server.series import StepSeries
 from smon_server.store.models import AnalysisResult, JobTrend
 
 BUCKET_STEPS = 50
 
 
-def buckets(
-    steps: Sequence[dict[str, Any]], times: Sequence[tuple[int, float, float]]
-) -> list[dict[str, Any]]:
-    """One pass's per-step series (`{step, step_time, ideal_time}`) grouped by bucket."""
+def buckets(series: StepSeries, times: Sequence[tuple[int, float, float]]) -> list[dict[str, Any]]:
+    """One pass's per-step series grouped by bucket."""
     when = {step: (start, end) for step, start, end in times}
-    grouped: dict[int, list[dict[str, Any]]] = {}
-    for s in steps:
-        grouped.setdefault(int(s["step"]) // BUCKET_STEPS, []).append(s)
+    of_step = series.steps // BUCKET_STEPS
     out = []
-    for bucket, members in sorted(grouped.items()):
-        spans = [when[m["step"]] for m in members if m["step"] in when]
+    for bucket in np.unique(of_step).tolist():
+        members = np.flatnonzero(of_step == bucket)
+        steps = series.steps[members].tolist()
+        spans = [when[step] for step in steps if step in when]
         out.append(
             {
                 "bucket": bucket,
-                "steps": [int(m["step"]) for m in members],
-                "step_times": [float(m["step_time"]) for m in members],
-                "ideal_times": [float(m["ideal_time"]) for m in members],
+                "steps": steps,
+                "step_times": series.step_time[members].tolist(),
+                "ideal_times": series.ideal_time[members].tolist(),
                 "start_time": min((a for a, _ in spans), default=None),
                 "end_time": max((b for _, b in spans), default=None),
             }

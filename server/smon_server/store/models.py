@@ -232,8 +232,8 @@ class AnalysisResult(Base):
 
     The scalar columns are what lists, metrics and alerts read (no JSON to decode for a few
     numbers); each API view has a column of its own, loaded only when asked for (`deferred`): the
-    summary, the per-step series, the S_w grid, S_w per rank, and the rank × step heatmap as
-    compact float32 bytes (store/grids.py)."""
+    summary, the per-step series as packed columns (store/step_series.py), the S_w grid, S_w per
+    rank, and the rank × step heatmap as compact float32 bytes (store/grids.py)."""
 
     __tablename__ = "analysis_results"
 
@@ -264,7 +264,7 @@ class AnalysisResult(Base):
     # The metrics_top_k workers by S_w: [{rank, host, gpu_uuid, slowdown}] (small: read per scrape)
     top_workers: Mapped[list[Any] | None] = mapped_column(JsonType)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JsonType, deferred=True)
-    steps: Mapped[list[Any] | None] = mapped_column(JsonType, deferred=True)
+    steps: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)  # store/step_series.py
     workers: Mapped[dict[str, Any] | None] = mapped_column(JsonType, deferred=True)
     rank_overall: Mapped[dict[str, Any] | None] = mapped_column(JsonType, deferred=True)
     heatmap: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from smon_server.grid import Grid
+from smon_server.series import StepSeries
 from smon_server.whatif.diagnosis import Diagnosis, Straggler
 from smon_server.whatif.engine import WhatIfResult
 
@@ -84,18 +85,12 @@ def _straggler(result: WhatIfResult, s: Straggler, hosts: Mapping[int, str]) -> 
     }
 
 
-def step_series(result: WhatIfResult) -> list[dict[str, Any]]:
-    """Per step: simulated step time T_s(D), the step's ideal, S_s, and the recorded step time."""
+def step_series(result: WhatIfResult) -> StepSeries:
+    """Per step: simulated step time T_s(D), the step's ideal, and S_s."""
     ideal = result.step_ideal_time
     if ideal is None:
         ideal = np.full(result.step_time.shape, result.ideal_step_time)
-    # Columns to plain lists first (a float each, NaN / inf as None): a pass builds this for
-    # every job, and a float() and isfinite() per value was ~1 ms of a 500-step job's pass.
-    columns = [_floats(c) for c in (result.step_time, ideal, result.step_slowdown, result.trace_step_time)]
-    return [
-        {"step": step, "step_time": t, "ideal_time": i, "slowdown": s, "trace_step_time": tt}
-        for step, t, i, s, tt in zip(np.asarray(result.steps).tolist(), *columns, strict=True)
-    ]
+    return StepSeries.of(result.steps, result.step_time, ideal, result.step_slowdown)
 
 
 def _floats(values: np.ndarray) -> list[float | None]:
