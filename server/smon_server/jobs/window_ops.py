@@ -96,7 +96,8 @@ def window_ops(
         entry = replace(entry, table=merge.trim(entry.table, lo))
     if cache is not None:
         cache.put((job.job_id, job.attempt), replace(entry, span=span))
-    times = [(int(s), float(a), float(b)) for s, a, b in entry.table.times]
+    # One tolist, not three numpy scalars converted per step (~2% of a small job's pass).
+    times = [(int(s), a, b) for s, a, b in entry.table.times.tolist()]
     ops = entry.table.ops if len(entry.table.ops) else None
     return WindowOps(ops, times, incremental=incremental, engine=entry.engine if cache is not None else None)
 

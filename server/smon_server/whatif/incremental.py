@@ -79,8 +79,8 @@ def slide(table: OpTable, dtype: np.dtype, kept: Reusable) -> Slid | None:
     if per is None or old.duration.dtype != dtype or not len(table) or not old.steps.size:
         return None
     newest = int(old.steps[-1])
-    new_rows = table.step > newest
-    n_new = int(np.count_nonzero(new_rows))
+    new_rows = table.since(newest + 1)  # views where the rows are in step order (they are, live)
+    n_new = len(new_rows)
     keep = old.steps >= int(table.step.min())
     if not keep.any() or len(table) - n_new != int(per.rows[keep].sum()):
         return None  # the old steps left are not exactly the rows the table has before the new ones
@@ -92,7 +92,7 @@ def slide(table: OpTable, dtype: np.dtype, kept: Reusable) -> Slid | None:
     if not np.array_equal(np.lexsort((old.slot_seq, codes, old.slot_stage)), np.arange(codes.size)):
         return None
     n_slots, n_dp = old.n_slots, len(old.dp_ranks)
-    new = _new_steps(table.take(new_rows), dtype, old, names) if n_new else _no_steps(n_slots, n_dp, dtype)
+    new = _new_steps(new_rows, dtype, old, names) if n_new else _no_steps(n_slots, n_dp, dtype)
     if new is None:
         return None
     start, duration, present_new, steps, origin, rows, rel_sum, rel_count = new
