@@ -45,7 +45,8 @@ from smon_server.api.schemas import HeatmapOut
 from smon_server.grid import Grid
 from smon_server.jobs import phase_heatmap
 from smon_server.runtime import BackgroundServer
-from smon_server.store import grids, migrate, phase_grids
+from smon_server.series import StepSeries
+from smon_server.store import grids, migrate, phase_grids, step_series
 from smon_server.store.db import Database
 from smon_server.store.models import Agent, AnalysisResult, Job
 from smon_server.store.queries import StepWindow
@@ -116,10 +117,8 @@ def views(job_id: str, ranks: int, rng: np.random.Generator, now: float) -> dict
         ],
         "data_quality": {"rows_used": ranks * STEPS * 8},
     }
-    series = [
-        {"step": int(s), "step_time": 1.3, "ideal_time": 1.0, "slowdown": 1.3, "trace_step_time": 1.31}
-        for s in steps
-    ]
+    n = len(steps)
+    series = StepSeries.of(steps, np.full(n, 1.3), np.full(n, 1.0), np.full(n, 1.3))
     workers = {"dp_ranks": list(range(ranks)), "stages": [0], "values": [[float(v)] for v in s_w]}
     heat = (s_w[:, None] + 0.01 * rng.random((ranks, STEPS))).astype(np.float32)
     grid = Grid(np.arange(ranks, dtype=np.int64), steps.astype(np.int64), heat)
@@ -208,7 +207,7 @@ def populate(db: Database, jobs: int, big_ranks: int) -> str:
                         "worst_rank": s["stragglers"][0]["rank"],
                         "leading_cause": "slow_worker",
                         "summary": s,
-                        "steps": v["steps"],
+                        "steps": step_series.pack(v["steps"]),
                         "workers": v["workers"],
                         "rank_overall": v["rank_overall"],
                         "heatmap": grids.pack(v["grid"]),
@@ -217,6 +216,7 @@ def populate(db: Database, jobs: int, big_ranks: int) -> str:
             )
             g = v["grid"]
             old = {k: v[k] for k in ("state", "computed_at", "summary", "steps", "workers", "rank_overall")}
+            old["steps"] = v["steps"].rows()  # the old blob held them as JSON rows
             old["rank_slowdown"] = {
                 "ranks": g.ranks.tolist(),
                 "steps": g.steps.tolist(),
