@@ -61,25 +61,22 @@ def _unpack(blob: bytes | None) -> list[dict[str, Any]]:
     ]
 
 
-def _table(steps_type: Any) -> sa.TableClause:
-    return sa.table(
+def _convert(old_type: Any, new_type: Any, convert: Any) -> None:
+    """`steps` rewritten through `convert` into a column of `new_type` that takes its name."""
+    with op.batch_alter_table("analysis_results") as batch:
+        batch.add_column(sa.Column("steps_new", new_type, nullable=True))
+    table = sa.table(
         "analysis_results",
         sa.column("job_id", sa.String),
         sa.column("attempt", sa.Integer),
-        sa.column("steps", steps_type),
-        sa.column("steps_new", sa.LargeBinary if steps_type is JSON_TYPE else JSON_TYPE),
+        sa.column("steps", old_type),
+        sa.column("steps_new", new_type),
     )
-
-
-def _convert(old_type: Any, new_type: Any, convert: Any) -> None:
-    with op.batch_alter_table("analysis_results") as batch:
-        batch.add_column(sa.Column("steps_new", new_type, nullable=True))
-    table = _table(old_type)
     bind = op.get_bind()
     for job_id, attempt, value in bind.execute(
         sa.select(table.c.job_id, table.c.attempt, table.c.steps)
     ).all():
-        if isinstance(value, str) and old_type is JSON_TYPE:
+        if isinstance(value, str):  # JSON text (SQLite) rather than decoded jsonb
             value = json.loads(value)
         bind.execute(
             table.update()
