@@ -56,15 +56,18 @@ class StepSeries:
 
     def rows(self) -> list[dict[str, Any]]:
         """JSON rows `{step, step_time, ideal_time, slowdown}`, null where a value is NaN."""
-        columns = [_json_floats(c) for c in self.values()]
+        columns = [json_floats(c) for c in self.values()]
         return [
             {"step": step, "step_time": t, "ideal_time": i, "slowdown": s}
             for step, t, i, s in zip(self.steps.tolist(), *columns, strict=True)
         ]
 
 
-def _json_floats(column: np.ndarray) -> list[float | None]:
+def json_floats(values: Any) -> list[float | None]:
+    """JSON-able floats of an array, None where a value is not finite (one tolist, not a
+    float() and isfinite() per value: a pass builds these for every job)."""
+    column = np.asarray(values, dtype=np.float64)
     out: list[float | None] = column.tolist()
-    for i in np.flatnonzero(np.isnan(column)).tolist():
+    for i in np.flatnonzero(~np.isfinite(column)).tolist():
         out[i] = None
     return out

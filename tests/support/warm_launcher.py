@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from tests.support.forkrun import STACKS_AFTER
+
 FORKRUN = [sys.executable, "-m", "tests.support.forkrun"]
 START_TIMEOUT = 120.0  # the server's imports, on a loaded 2-core machine
 STACKS_BEFORE_TIMEOUT = 5.0  # seconds before a job's timeout its ranks write their stacks
@@ -60,7 +62,7 @@ class WarmLauncher:
             # Each rank writes its stacks to stderr shortly before the timeout (forkrun.STACKS_AFTER),
             # unless the timeout is so short that a healthy job could still be running then.
             if timeout > 2 * STACKS_BEFORE_TIMEOUT:
-                env = {**env, "FORKRUN_STACKS_AFTER": str(timeout - STACKS_BEFORE_TIMEOUT)}
+                env = {**env, STACKS_AFTER: str(timeout - STACKS_BEFORE_TIMEOUT)}
             request = json.dumps({"argv": list(argv), "env": dict(env), "cwd": os.getcwd()})
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
                 conn.connect(self.path)

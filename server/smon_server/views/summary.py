@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from smon_server.grid import Grid
-from smon_server.series import StepSeries
+from smon_server.series import StepSeries, json_floats
 from smon_server.whatif.diagnosis import Diagnosis, Straggler
 from smon_server.whatif.engine import WhatIfResult
 
@@ -93,16 +93,6 @@ def step_series(result: WhatIfResult) -> StepSeries:
     return StepSeries.of(result.steps, result.step_time, ideal, result.step_slowdown)
 
 
-def _floats(values: np.ndarray) -> list[float | None]:
-    """JSON-able floats of an array, None where a value is not finite."""
-    column = np.asarray(values, dtype=np.float64)
-    out: list[float | None] = column.tolist()
-    if not np.isfinite(column).all():
-        for i in np.flatnonzero(~np.isfinite(column)).tolist():
-            out[i] = None
-    return out
-
-
 def worker_grid(result: WhatIfResult) -> dict[str, Any]:
     """The DP rank x stage grid of S_w (the paper's heatmap); values null without attribution."""
     a = result.attribution
@@ -110,7 +100,7 @@ def worker_grid(result: WhatIfResult) -> dict[str, Any]:
     return {
         "dp_ranks": result.dp_ranks.tolist(),
         "stages": result.stages.tolist(),
-        "values": [_floats(row) for row in values],
+        "values": [json_floats(row) for row in values],
     }
 
 
