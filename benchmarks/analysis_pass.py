@@ -325,7 +325,9 @@ def _run(command: list[str], pythonpath: Path | None) -> dict:
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run(command, capture_output=True, text=True, env=env)
+    if out.returncode:
+        sys.exit(f"{' '.join(command[2:4])}... failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -363,37 +365,62 @@ def build_many(url: str, jobs: int, ranks: int, steps: int) -> None:
         conn.execute("ANALYZE")
 
 
-def run_many(url: str, jobs: int, ranks: int, steps: int, new_steps: int, workers: int) -> None:
-    """In a fresh process: the server's analysis pass over every job (cold), then twice again after
-    each job stored `new_steps` more steps (the second is the steady state: "next"), then once
-    with nothing new (idle); prints each pass's seconds as JSON."""
+def run_many(url: str, jobs: int, ranks: int, steps: int, new_steps: int, workers: str) -> None:
+    """In a fresh process: the server's analysis pass over every job (cold), then again after each
+    job stored `new_steps` more steps, until two passes in a row leave the workers as they were
+    (no spare taken or given back, no job moved: jobs/worker_shares.py; at most SETTLE_PASSES),
+    the second being the steady state ("next"), then once with nothing new (idle); prints each
+    pass's seconds as JSON. `workers`: SMON_ANALYSIS_WORKERS, or "default" (unset)."""
     from smon_server.context import ServerContext
     from smon_server.jobs.loop import analysis_pass
     from smon_server.settings import Settings
 
-    settings = Settings(database_url=url, analysis_workers=workers, stall_seconds=10_000)
+    count = None if workers == "default" else int(workers)
+    settings = Settings(database_url=url, analysis_workers=count, stall_seconds=10_000)
     context = ServerContext.from_settings(settings)
     context.storage_maintained_at = time.time()  # partitions and retention are not what is timed
-    figures: dict[str, object] = {}
+    figures: dict[str, Any] = {"settling": []}
+    appended = 0
+
+    def one_pass(name: str) -> None:
+        nonlocal appended
+        if name != "cold" and name != "idle":
+            for j in range(1, jobs + 1):
+                append_steps(url, ranks, steps + appended, new_steps, job_key=j)
+            appended += new_steps
+        start, cpu = time.perf_counter(), _pass_cpu(context)
+        analysed = analysis_pass(context, time.time())
+        shares = getattr(context.workers, "shares", None)  # a baseline tree may have none
+        figures[name] = {
+            "seconds": time.perf_counter() - start,
+            "analysed": analysed,
+            "cpu": _pass_cpu(context) - cpu,
+            "workers": getattr(shares, "active", None),
+        }
+
     try:
-        for name in ("cold", "first", "next", "idle"):
-            if name in ("first", "next"):  # the first later pass moves kept tables into buffers
-                first = steps + (new_steps if name == "next" else 0)
-                for j in range(1, jobs + 1):
-                    append_steps(url, ranks, first, new_steps, job_key=j)
-            start, cpu = time.perf_counter(), _pass_cpu(context)
-            analysed = analysis_pass(context, time.time())
-            figures[name] = {
-                "seconds": time.perf_counter() - start,
-                "analysed": analysed,
-                "cpu": _pass_cpu(context) - cpu,
-            }
+        one_pass("cold")
+        one_pass("first")
+        quiet = 0  # passes in a row that changed nothing: the second has no moved job's cold pass
+        for _ in range(SETTLE_PASSES):
+            one_pass("next")
+            change = getattr(context.workers, "last_change", None)
+            quiet = quiet + 1 if change is None or not (change.grown or change.moved or change.retired) else 0
+            if change is None or quiet == 2:
+                break
+            figures["settling"].append(figures["next"])
+        one_pass("idle")
     finally:
         context.close()  # worker processes end: their CPU time is counted below
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     figures["cpu"] = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
     figures["engine"] = engine_seconds(url, [f"bench-{j}" for j in range(1, jobs + 1)])
     print(json.dumps(figures))
+
+
+# Later passes that may pass before the workers settle (a spare taken, jobs moved over a few
+# passes so that their cold passes never make one slower than it was).
+SETTLE_PASSES = 12
 
 
 def _pass_cpu(context: Any) -> float:
@@ -461,12 +488,14 @@ def engine_seconds(url: str, job_ids: list[str]) -> float:
 
 
 def many_jobs(
-    jobs: int, ranks: int, steps: int, new_steps: int, workers: list[int], before: Path | None
+    jobs: int, ranks: int, steps: int, new_steps: int, workers: list[str], before: Path | None
 ) -> None:
     print(
         f"\n{jobs} jobs × {ranks} ranks × {steps} steps, the server's whole analysis pass "
-        f"(interval: 10 s); then, twice, each job stores {new_steps} more steps and the next pass "
-        f"runs (1st: the first after a cold pass; +{new_steps}: the second, the steady state). "
+        f"(interval: 10 s); then each job stores {new_steps} more steps and the next pass runs (1st: "
+        "the first after a cold pass), again until a pass leaves the analysis workers as they were "
+        "(settle: the default takes a spare worker while passes near the interval and moves jobs "
+        "to it over a few passes; steady: the first pass that changed nothing). "
         "CPU: every pass, server and worker processes."
     )
     print(
@@ -491,16 +520,24 @@ def many_jobs(
                 reset(url, steps)  # the next run starts from the same stored steps
             after, old = runs["after"], runs.get("before")
             engine = after["engine"]
-            labels = (("cold", "cold"), ("first", "1st"), ("next", f"+{new_steps}"), ("idle", "idle"))
+            for i, one in enumerate(after.get("settling", [])):
+                print(
+                    f"{count if i == 0 else '':>8} {'settle':>6} {one['analysed']:>5} {'':>9} "
+                    f"{one['seconds']:>8.2f} {one['seconds'] / 10:>6.2f} {'':>12} {'':>16} {'':>10} "
+                    f"{one.get('cpu', math.nan):>9.2f}  workers {one.get('workers')}",
+                    flush=True,
+                )
+            labels = (("cold", "cold"), ("first", "1st"), ("next", "steady"), ("idle", "idle"))
             for name, label in labels:
                 one = after[name]
                 was = old[name]["seconds"] if old and name in old else float("nan")
                 versus = f"{engine:>8.2f} {one['seconds'] / engine:>7.2f}" if name == "next" else " " * 16
                 cpu_was = old[name].get("cpu", math.nan) if old and name in old else math.nan
                 print(
-                    f"{count if name == 'cold' else '':>8} {label:>5} {one['analysed']:>5} {was:>9.2f} "
+                    f"{count if name == 'cold' else '':>8} {label:>6} {one['analysed']:>5} {was:>9.2f} "
                     f"{one['seconds']:>8.2f} {one['seconds'] / 10:>6.2f} {one['seconds'] / was:>12.2f} "
-                    f"{versus} {cpu_was:>10.2f} {one.get('cpu', math.nan):>9.2f}",
+                    f"{versus} {cpu_was:>10.2f} {one.get('cpu', math.nan):>9.2f}  "
+                    f"workers {one.get('workers')}",
                     flush=True,
                 )
             cpu_before = old["cpu"] if old else float("nan")
@@ -520,7 +557,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=50, help="jobs of the many-jobs pass (0: skip it)")
     parser.add_argument("--job-ranks", type=int, default=64, help="ranks of each of those jobs")
     parser.add_argument(
-        "--workers", type=int, nargs="+", default=[0, 1], help="SMON_ANALYSIS_WORKERS for the many-jobs pass"
+        "--workers",
+        nargs="+",
+        default=["0", "default"],
+        help="SMON_ANALYSIS_WORKERS for the many-jobs pass ('default': unset, one worker a core but one "
+        "and the spare while passes near the interval)",
     )
     parser.add_argument(
         "--baseline",
@@ -542,7 +583,8 @@ def main() -> None:
         return
     if args.many_only:
         url, *numbers = args.many_only
-        run_many(url, *(int(x) for x in numbers))
+        jobs, ranks, steps, new_steps, workers = numbers
+        run_many(url, int(jobs), int(ranks), int(steps), int(new_steps), workers)
         return
     with tempfile.TemporaryDirectory(prefix="smon-baseline-") as tmp:
         before = args.baseline_path

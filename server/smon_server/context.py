@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from smon_server.alerts.notifiers import Notifier, configured
 from smon_server.alerts.rules import Rule, load_rules
-from smon_server.jobs.processes import default_processes
+from smon_server.jobs.processes import default_processes, spare_processes
 from smon_server.jobs.windows import WindowAnalyses
 from smon_server.jobs.workers import AnalysisWorkers
 from smon_server.metrics.analysis_stats import AnalysisStats
@@ -57,6 +57,9 @@ class ServerContext:
     # Wakes the analysis loop for a pass now, from any thread (runtime.serve binds it); unbound
     # (tests that run passes themselves), asking does nothing.
     wake_loop: Callable[[], None] | None = field(default=None, init=False)
+    # The ingest's load, 0 to 1 (ingest/service.py IngestService.load; runtime.serve binds it):
+    # the analysis loop takes its spare worker only while it is low. Unbound: no ingest here.
+    ingest_load: Callable[[], float] = field(default_factory=lambda: _no_ingest, init=False)
 
     def __post_init__(self) -> None:
         self.alert_rules = load_rules(self.settings.alert_rules)  # a bad file fails at start
@@ -67,7 +70,7 @@ class ServerContext:
         self.registry.register(JobsCollector(self.db, self.settings))
         processes = default_processes(self.settings)
         if processes:
-            self.workers = AnalysisWorkers(self.settings, processes)
+            self.workers = AnalysisWorkers(self.settings, processes, spare_processes(self.settings))
         self.windows = WindowAnalyses(self.settings, self.db, self.workers)
 
     def request_pass(self) -> None:
@@ -86,3 +89,7 @@ class ServerContext:
     @classmethod
     def from_settings(cls, settings: Settings) -> ServerContext:
         return cls(settings=settings, db=Database.from_settings(settings))
+
+
+def _no_ingest() -> float:
+    return 0.0

@@ -90,6 +90,7 @@ async def serve(
         jobs=ActiveJobs(settings.ingest_max_jobs),
         batches_per_second=settings.ingest_batches_per_second,
     )
+    context.ingest_load = service.load
     grpc_server = make_grpc_server(service, max_message_bytes=settings.max_message_bytes)
     address = f"{settings.grpc_host}:{settings.grpc_port}"
     credentials = _grpc_credentials(settings)

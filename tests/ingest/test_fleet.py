@@ -80,6 +80,8 @@ def test_more_agents_than_a_replica_takes_batches_a_second_flush_less_often(data
             assert {s.flush_seconds for s, _ in agents} == {3.0}
             assert metric(server, "smon_ingest_streams") == 6
             assert metric(server, "smon_ingest_flush_seconds") == 3.0
+            # What the analysis loop reads before it takes a spare worker: the ingest at capacity.
+            assert server.context is not None and server.context.ingest_load() == 1.0
             for shipper, _ in agents:
                 assert shipper.close(timeout=15.0)
             sent = [s.sent_batches for s, _ in agents]

@@ -15,6 +15,7 @@ from sqlalchemy import select
 
 from smon_server.context import ServerContext
 from smon_server.jobs import analysis as job_analysis
+from smon_server.jobs import processes, worker_shares
 from smon_server.jobs import workers as workers_module
 from smon_server.jobs.loop import analysis_pass
 from smon_server.store import migrate
@@ -168,11 +169,85 @@ def test_big_jobs_have_a_worker_of_their_own(database_url: str, monkeypatch: pyt
         assert analysis_pass(ctx, NOW) == 3
         workers = ctx.workers
         assert workers is not None and len(workers.pids) == 2
-        slots = {job: workers._slot(f"{job}", big=False) for job in [*small, big]}  # as assigned
-        assert slots[big] == 1 and slots[small[0]] == slots[small[1]] == 0
+        # The small jobs share the one small-job worker; the big one is not among them.
+        assert workers.shares.owner == {(job, 1): 0 for job in small}
         assert [s["rank"] for s in stored(ctx, big)["stragglers"]] == [2]
         push(ctx.db, big, range(40, 50), seq=2, origin=f.T0 + 3, now=NOW + 5)
         assert analysis_pass(ctx, NOW + 5) == 1
         assert len(workers.pids) == 2 and stored(ctx, big)["to_step"] == 49
     finally:
         ctx.close()
+
+
+def test_the_spare_worker_is_taken_while_passes_near_the_interval_and_given_back_once_they_keep_up(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SMON_ANALYSIS_WORKERS unset on two cores: one worker, and the second core's worker only
+    while passes near the interval. Jobs moved to it are analysed there as they were before;
+    given back, its process ends and its jobs return."""
+    monkeypatch.setattr(processes.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(worker_shares, "MOVE_BUDGET", 1e9)  # move all it takes in one pass
+    ctx = ServerContext.from_settings(server_settings(database_url, analysis_workers=None))
+    migrate.upgrade(ctx.db)
+    jobs = [f.new_job_id("spare") for _ in range(4)]
+    try:
+        workers = ctx.workers
+        assert workers is not None and workers.active == 1 and workers.slots == 2
+        for job in jobs:
+            push(ctx.db, job, range(40))
+        # A pass far longer than this interval, but ingest at capacity: no spare.
+        ctx.settings = ctx.settings.model_copy(update={"analysis_interval": 0.001})
+        ctx.ingest_load = lambda: 1.0
+        assert analysis_pass(ctx, NOW) == 4
+        assert not workers.last_change.grown and workers.active == 1
+        # Ingest light: the spare is taken, jobs move to it.
+        ctx.ingest_load = lambda: 0.1
+        for job in jobs:
+            push(ctx.db, job, range(40, 45), seq=2, origin=f.T0 + 3, now=NOW + 2)
+        assert analysis_pass(ctx, NOW + 2) == 4
+        assert workers.last_change.grown and workers.active == 2
+        assert ctx.registry.get_sample_value("smon_analysis_workers") == 2
+        moved = set(workers.last_change.moved[0])
+        assert 0 < len(moved) < len(jobs) and len(workers.pids) == 1
+        for job in jobs:
+            push(ctx.db, job, range(45, 50), seq=3, origin=f.T0 + 4, now=NOW + 5)
+        ctx.settings = ctx.settings.model_copy(update={"analysis_interval": 1000.0})
+        assert analysis_pass(ctx, NOW + 5) == 4
+        assert len(workers.pids) == 2  # the moved jobs ran on the spare
+        spare = workers._pools[1]
+        assert spare is not None
+        (pid,) = [p.pid for p in spare._processes.values() if p.pid is not None]
+        for job in jobs:
+            row = stored(ctx, job)
+            assert row["to_step"] == 49 and [s["rank"] for s in row["stragglers"]] == [2]
+        # Passes that fit one worker fewer, QUIET_PASSES in a row (the one above the first): the
+        # spare goes.
+        for i in range(worker_shares.QUIET_PASSES - 2):
+            analysis_pass(ctx, NOW + 6 + i)
+        assert workers.active == 2
+        analysis_pass(ctx, NOW + 10)
+        assert workers.active == 1 and workers.last_change.retired == 1
+        assert set(workers.last_change.moved[1]) == moved
+        assert ctx.registry.get_sample_value("smon_analysis_workers") == 1
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid)
+        for job in jobs:
+            push(ctx.db, job, range(50, 60), seq=4, origin=f.T0 + 6, now=NOW + 20)
+        assert analysis_pass(ctx, NOW + 20) == 4
+        assert set(workers.shares.owner.values()) == {0}
+        for job in jobs:
+            row = stored(ctx, job)
+            assert row["to_step"] == 59 and [s["rank"] for s in row["stragglers"]] == [2]
+    finally:
+        ctx.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for this purpose: its memory is freed.
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"

@@ -259,6 +259,16 @@ class IngestService:
             self.stats.rejected.labels(UNAUTHENTICATED).inc()
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong ingest token")
 
+    def load(self) -> float:
+        """The batches a second this replica's agents send (at the flush interval it asks for) over
+        those it takes (SMON_INGEST_BATCHES_PER_SECOND): 1 once it asks agents to flush less
+        often; 0 when unlimited. The analysis takes its spare worker only while this is low
+        (jobs/worker_shares.py)."""
+        if self.batches_per_second <= 0:
+            return 0.0
+        parts = RELAYED_PART_COST * self._host_parts
+        return min(1.0, (self.streams - self.host_streams + parts) / self.batches_per_second)
+
     def flush_seconds(self) -> float:
         """The flush interval to ask agents for: open streams over the batches a second this
         replica takes, when that is over a second (agents flush every second by default). A host

@@ -1,6 +1,7 @@
 """Facts about the analysis worker processes that the modules they run need too.
 
-How many processes analyse (`default_processes`: the window cache divides memory by it) and what
+How many processes analyse (`default_processes`: the window cache divides memory by it; and
+`spare_processes`, taken only while the replica falls behind) and what
 a job's failure says when its process died (`WORKER_DIED`: the pass's retry rule reads it). They
 live here, not in jobs/workers.py, because workers.py runs jobs/analysis.py in its processes: the
 worker entry point imports the analysis, never the other way round.
@@ -28,3 +29,11 @@ def default_processes(settings: Settings) -> int:
     if settings.analysis_workers is not None:
         return settings.analysis_workers
     return max(1, (os.cpu_count() or 2) - 1)
+
+
+def spare_processes(settings: Settings) -> int:
+    """Workers taken beyond `default_processes` while the replica falls behind
+    (jobs/worker_shares.py): the last core, when SMON_ANALYSIS_WORKERS leaves the choice to SMon."""
+    if settings.analysis_workers is not None or not default_processes(settings):
+        return 0
+    return 1 if (os.cpu_count() or 1) > 1 else 0

@@ -155,6 +155,12 @@ class WindowCache:
                 self._pop(oldest)
                 self._put_at.pop(oldest, None)
 
+    def drop(self, job: tuple[str, int]) -> None:
+        """Let the job's kept window go (the job moved to another worker)."""
+        with self._lock:
+            self._pop(job)
+            self._put_at.pop(job, None)
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -196,7 +202,9 @@ def cache_bytes(settings: Settings, *, big_jobs: bool = False) -> int:
     room its columns keep to grow, the engine's layout 2 MB), so 500 such jobs on one worker need
     ~6.5 GB: a quarter of this 23.5 GB machine (5.9 GB) left ~45 of them out, rebuilt cold
     every pass: the later pass over the 500 took 30.3 s, with a third 21.2 s (docs/storage.md). A
-    4,096-rank window keeps about 0.75 GB."""
+    4,096-rank window keeps about 0.75 GB. The spare worker (jobs/worker_shares.py) has a small
+    jobs' worker's share too: the jobs it takes are dropped from the caches they leave, so what
+    the workers keep together is still what their jobs need."""
     if settings.analysis_cache_mb is not None:
         return settings.analysis_cache_mb * 1024 * 1024
     try:

@@ -7,9 +7,10 @@ processes, each with its own database engine, and only the finished result comes
 stored. The job's lease stays with the server process that asked, for the whole analysis. Jobs are
 analysed in parallel, one per worker.
 
-Each job sticks to one worker (the one with the fewest jobs when it was first seen), because a
-worker keeps the jobs it analysed in memory between passes and reads only their new steps
-(jobs/window_ops.py). Jobs of `BIG_JOB_RANKS` ranks or more go to one more worker of their own,
+Each job sticks to one worker (the least loaded when it was first seen), because a worker keeps
+the jobs it analysed in memory between passes and reads only their new steps (jobs/window_ops.py);
+how many workers analyse, a spare one taken while the replica falls behind, and when jobs move
+between them: jobs/worker_shares.py. Jobs of `BIG_JOB_RANKS` ranks or more go to one more worker of their own,
 started when the first such job is seen: a 4,096-rank job's pass takes seconds (its first after
 a server start about ten), and on a worker shared with small jobs it would hold up their refresh
 by that much every pass. A worker that dies (out of memory on a huge job, killed) fails that job's
@@ -19,6 +20,7 @@ again at the next pass.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -28,8 +30,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from smon_server.jobs.worker_shares import Change, JobKey, WorkerShares
 from smon_server.settings import Settings
-from smon_server.store import attempts
 from smon_server.store.queries import StepWindow
 
 log = logging.getLogger(__name__)
@@ -63,12 +65,14 @@ def _exit_with(parent: int) -> None:
 
 def _analyze(
     job_id: str, attempt: int, now: float, window: StepWindow | None = None
-) -> tuple[int, dict[str, Any] | None]:
-    """(this worker's pid, the job attempt's analysis, or None when it is gone). `window`: a step
-    range asked for through the API (jobs/windows.py), analysed on its own, not the pass's."""
+) -> tuple[int, float, dict[str, Any] | None]:
+    """(this worker's pid, the seconds the analysis took here, the job attempt's analysis or None
+    when it is gone). `window`: a step range asked for through the API (jobs/windows.py),
+    analysed on its own, not the pass's."""
     from smon_server.jobs.analysis import analyze_job
     from smon_server.store.models import Job
 
+    started = time.perf_counter()
     db = _state["db"]
     with db.session() as session:
         job = session.get(Job, (job_id, attempt))
@@ -77,7 +81,17 @@ def _analyze(
             if job is None
             else analyze_job(session=session, job=job, settings=_state["settings"], now=now, window=window)
         )
-    return os.getpid(), result
+    return os.getpid(), time.perf_counter() - started, result
+
+
+def _drop(jobs: list[JobKey]) -> None:
+    """Jobs moved to another worker: their kept windows here would only hold memory."""
+    from smon_server.jobs.window_cache import process_cache
+
+    cache = process_cache(_state["settings"])
+    if cache is not None:
+        for job in jobs:
+            cache.drop(job)
 
 
 # Jobs this big (world size) are analysed on a worker of their own (see above).
@@ -89,31 +103,29 @@ def is_big(world_size: int | None) -> bool:
 
 
 class AnalysisWorkers:
-    def __init__(self, settings: Settings, processes: int) -> None:
+    def __init__(self, settings: Settings, processes: int, spare: int = 0) -> None:
         self.settings = settings
-        self.processes = processes
+        self.shares = WorkerShares(processes, spare)
         self.pids: set[int] = set()  # workers that returned a result (tests read it)
-        # Slots 0..processes-1 for jobs below BIG_JOB_RANKS, slot `processes` for the big ones.
-        self._pools: list[ProcessPoolExecutor | None] = [None] * (processes + 1)
-        self._owner: dict[str, int] = {}  # job attempt (attempts.name) -> the worker keeping its window
+        self.last_change = Change()  # what the last pass's `adapt` decided (tests, benchmarks)
+        # Slots 0..slots-1 for jobs below BIG_JOB_RANKS (the spare ones last), slot `slots` for
+        # the big ones.
+        self.slots = self.shares.slots
+        self._pools: list[ProcessPoolExecutor | None] = [None] * (self.slots + 1)
         # Windows asked for through the API (jobs/windows.py) run in processes of their own,
         # started on first use: a dashboard's zoom neither waits behind the pass's queue nor
         # delays it, and they keep no window cache that the pass's workers would lose.
         self._windows: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def _slot(self, job_id: str, big: bool) -> int:
+    @property
+    def active(self) -> int:
+        """Worker processes analysing the small jobs now (the spare counted while taken)."""
+        return self.shares.active
+
+    def _slot(self, job: JobKey, big: bool) -> int:
         with self._lock:
-            slot = self._owner.get(job_id)
-            if slot is None and big:
-                slot = self._owner[job_id] = self.processes
-            if slot is None:
-                load = [0] * self.processes
-                for owner in self._owner.values():
-                    if owner < self.processes:
-                        load[owner] += 1
-                slot = self._owner[job_id] = load.index(min(load))
-            return slot
+            return self.slots if big else self.shares.slot(job)
 
     def _executor(self, slot: int) -> ProcessPoolExecutor:
         with self._lock:
@@ -126,7 +138,7 @@ class AnalysisWorkers:
                     initargs=(
                         self.settings,
                         os.getpid(),
-                        slot == self.processes,
+                        slot == self.slots,
                         logging.getLogger().getEffectiveLevel(),
                     ),
                 )
@@ -134,10 +146,11 @@ class AnalysisWorkers:
 
     def analyze(self, job_id: str, attempt: int, now: float, *, big: bool = False) -> dict[str, Any] | None:
         """The job attempt's analysis, in its worker (`big`: a job of BIG_JOB_RANKS or more)."""
-        slot = self._slot(attempts.name(job_id, attempt), big)
+        key = (job_id, attempt)
+        slot = self._slot(key, big)
         pool = self._executor(slot)
         try:
-            pid, result = pool.submit(_analyze, job_id, attempt, now).result()
+            pid, seconds, result = pool.submit(_analyze, job_id, attempt, now).result()
         except BrokenProcessPool:
             log.error("an analysis worker died while analysing job %s; restarting it", job_id)
             with self._lock:
@@ -146,7 +159,41 @@ class AnalysisWorkers:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         self.pids.add(pid)
+        if slot < self.slots:
+            with self._lock:
+                self.shares.ran(key, slot, seconds)
         return result
+
+    def adapt(self, interval: float, *, spare_ok: bool = True) -> Change:
+        """After a pass: take or give back the spare worker (`spare_ok`: whether its core is free
+        to take) and even out the workers' jobs (jobs/worker_shares.py); a worker's kept windows
+        of jobs that left it are dropped, a given-back worker's process ends."""
+        with self._lock:
+            change = self.last_change = self.shares.adapt(interval, spare_ok=spare_ok)
+            retired = self._pools[change.retired] if change.retired is not None else None
+            if change.retired is not None:
+                self._pools[change.retired] = None
+            pools = {slot: self._pools[slot] for slot in change.moved}
+        if change.grown:
+            log.warning(
+                "analysis passes near the interval (%g s): taking a spare worker (%d analysing now)",
+                interval,
+                self.active,
+            )
+        if change.retired is not None:
+            log.info(
+                "analysis %s: giving back the spare worker (%d analysing now)",
+                "keeps up" if spare_ok else "yields to ingest",
+                self.active,
+            )
+        if retired is not None:
+            retired.shutdown(wait=False, cancel_futures=True)
+        for slot, jobs in change.moved.items():
+            pool = pools[slot]
+            if pool is not None and slot != change.retired:
+                with contextlib.suppress(BrokenProcessPool, RuntimeError):
+                    pool.submit(_drop, jobs)
+        return change
 
     def submit_window(
         self, job_id: str, attempt: int, now: float, window: StepWindow, *, processes: int
@@ -165,10 +212,10 @@ class AnalysisWorkers:
                 )
         done: Future[dict[str, Any] | None] = Future()
 
-        def finished(ran: Future[tuple[int, dict[str, Any] | None]]) -> None:
+        def finished(ran: Future[tuple[int, float, dict[str, Any] | None]]) -> None:
             error = ran.exception()
             if error is None:
-                done.set_result(ran.result()[1])
+                done.set_result(ran.result()[2])
                 return
             if isinstance(error, BrokenProcessPool):
                 log.error("an analysis worker died while analysing a window of job %s; restarting it", job_id)
@@ -187,15 +234,14 @@ class AnalysisWorkers:
             done.set_exception(exc)
         return done
 
-    def forget(self, names: set[str]) -> None:
-        """Job attempts (attempts.name) no longer stored: their worker need not be kept."""
+    def forget(self, kept: set[JobKey]) -> None:
+        """Only the job attempts in `kept` are still stored: the others' workers need not be kept."""
         with self._lock:
-            for name in set(self._owner) - names:
-                del self._owner[name]
+            self.shares.forget(kept)
 
     def close(self) -> None:
         with self._lock:
-            pools, self._pools = [*self._pools, self._windows], [None] * (self.processes + 1)
+            pools, self._pools = [*self._pools, self._windows], [None] * (self.slots + 1)
             self._windows = None
         for pool in pools:
             if pool is not None:

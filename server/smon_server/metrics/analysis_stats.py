@@ -44,6 +44,13 @@ class AnalysisStats:
             "plus a pass when the replica keeps up; growing when it does not.",
             registry=registry,
         )
+        self.workers = Gauge(
+            "smon_analysis_workers",
+            "Worker processes analysing this replica's jobs below 1,024 ranks after its last pass: "
+            "SMON_ANALYSIS_WORKERS, or every core but one, plus the spare (the last core) while "
+            "passes near the interval.",
+            registry=registry,
+        )
         self.interval_seconds = Gauge(
             "smon_analysis_interval_seconds",
             "SMON_ANALYSIS_INTERVAL: the time between the starts of two analysis passes.",
