@@ -61,6 +61,8 @@ def test_without_a_spare_the_workers_stay_as_many_and_jobs_spread_by_cost() -> N
         change = shares.adapt(INTERVAL)
         assert not change.grown and change.retired is None
     assert shares.active == 2
+    # The light job that shared the heavy one's worker moved to the other; the heavy one stays.
+    assert shares.owner[heavy] == 0 and {shares.owner[j] for j in light} == {1}
 
 
 def test_a_pass_near_the_interval_takes_the_spare_and_moves_jobs_no_faster_than_their_cold_passes_fit() -> (
@@ -138,13 +140,32 @@ def test_jobs_that_no_longer_run_weigh_nothing_and_are_not_moved() -> None:
     assert shares.active == 1  # the finished jobs' old costs did not keep the spare
 
 
-def test_forgotten_jobs_leave_the_shares() -> None:
+def test_forgotten_jobs_leave_the_shares_those_of_a_given_back_worker_too() -> None:
     shares = WorkerShares(2)
     a, b = jobs(2)
     shares.ran(a, shares.slot(a), 1.0)
     shares.ran(b, shares.slot(b), 1.0)
     shares.forget({b})
-    assert set(shares.owner) == {b} and set(shares.cost) == {b}
+    assert set(shares.owner) == {b} and set(shares.cost) == {b} and set(shares.last_ran) == {b}
+    spare = WorkerShares(1, spare=1)
+    finished = dict.fromkeys(jobs(100, "done"), 0.1)
+    run_pass(spare, finished)
+    assert spare.adapt(INTERVAL).grown
+    run_pass(spare, finished)
+    spare.adapt(INTERVAL)
+    assert spare.adapt(INTERVAL, spare_ok=False).retired == 1  # its jobs unplaced until they run
+    spare.forget(set())
+    assert not (spare.owner or spare.cost or spare.last_ran or spare.moved)
+
+
+def test_a_job_whose_analyses_never_finish_ages_out_like_an_idle_one() -> None:
+    shares = WorkerShares(2)
+    failing = ("failing", 1)
+    shares.slot(failing)  # placed, never ran
+    assert sum(shares.loads()) > 0
+    for _ in range(RECENT_PASSES + 1):
+        shares.adapt(INTERVAL)
+    assert shares.loads() == [0.0, 0.0]
 
 
 def test_costs_that_vary_a_little_from_pass_to_pass_move_nothing() -> None:

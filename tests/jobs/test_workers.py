@@ -212,7 +212,9 @@ def test_the_spare_worker_is_taken_while_passes_near_the_interval_and_given_back
         for job in jobs:
             push(ctx.db, job, range(45, 50), seq=3, origin=f.T0 + 4, now=NOW + 5)
         ctx.settings = ctx.settings.model_copy(update={"analysis_interval": 1000.0})
+        ctx.ingest_load = lambda: 0.6  # above what takes the spare, below what gives it back
         assert analysis_pass(ctx, NOW + 5) == 4
+        assert workers.active == 2
         assert len(workers.pids) == 2  # the moved jobs ran on the spare
         spare = workers._pools[1]
         assert spare is not None

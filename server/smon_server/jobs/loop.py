@@ -191,7 +191,9 @@ def analysis_pass(context: LoopContext, now: float) -> int:
         # A spare worker taken while passes near the interval and ingest leaves its core idle,
         # given back once they keep up or ingest needs it; jobs moved to even the workers out
         # (jobs/worker_shares.py).
-        workers.adapt(context.settings.analysis_interval, spare_ok=context.ingest_load() <= SPARE_INGEST_LOAD)
+        taken = workers.active > workers.shares.base
+        limit = SPARE_INGEST_KEEP if taken else SPARE_INGEST_LOAD  # a gap: a load near one does not swing it
+        workers.adapt(context.settings.analysis_interval, spare_ok=context.ingest_load() <= limit)
         stats.workers.set(workers.active)
     try:
         refresh_hosts(context, now)
@@ -223,10 +225,12 @@ def analysis_pass(context: LoopContext, now: float) -> int:
     return done
 
 
-# The ingest load (IngestService.load) up to which the analysis may take its spare worker. With
-# 4,000 agents (load 1) and the spare taken, send->Ack p99 was 3.5 s against 0.8 s without it
-# (docs/storage.md); at half the batch budget ingest uses about half a core here.
+# The ingest load (IngestService.load) up to which the analysis may take its spare worker, and
+# keep it. With 4,000 agents (load 1) and the spare taken, send->Ack p99 was 3.5 s against 0.8 s
+# without it (docs/storage.md); at half the batch budget ingest uses about half a core here.
+# Unlimited ingest (SMON_INGEST_BATCHES_PER_SECOND=0) reports no load: the spare is never held back.
 SPARE_INGEST_LOAD = 0.5
+SPARE_INGEST_KEEP = 0.7
 
 STORAGE_MAINTENANCE_SECONDS = 3600.0
 STORAGE_LEASE = "smon/storage-maintenance"

@@ -8,11 +8,11 @@ about five times a later pass). The number of workers follows the load:
 - **A spare worker** (the last core, only when SMON_ANALYSIS_WORKERS is unset) is taken when a
   pass kept a worker busy for more than `GROW_AT` of the interval: the replica is about to fall
   behind, and freshness (the time to flag) is at stake. Only while ingest leaves that core idle
-  (the loop decides, jobs/loop.py `SPARE_INGEST_LOAD`): Acks come first, and a replica short of
-  both says so (its lag and ingest alerts); it is given back at once when ingest needs the core,
-  and once the passes' work would have fit on one worker fewer within `SHRINK_AT` of the
-  interval for `QUIET_PASSES` passes in a row (the gap between the two thresholds, and the
-  count, keep it from coming and going). It runs at the server's priority: at nice +10 it got
+  (the loop decides, jobs/loop.py `SPARE_INGEST_LOAD`, `SPARE_INGEST_KEEP`): Acks come first, and
+  a replica short of both says so (its lag and ingest alerts); given back at once when ingest
+  needs the core, and once the passes' work would have fit on one worker fewer within
+  `SHRINK_AT` of the interval for `QUIET_PASSES` passes in a row (the gap between the two
+  thresholds, and the count, keep it from coming and going). It runs at the server's priority: at nice +10 it got
   so little of its core beside the server and PostgreSQL that the 500-job pass took as long as
   with one worker (docs/storage.md).
 - **Jobs move** only to even out the workers' busy time while it matters (a worker busier than
@@ -22,7 +22,8 @@ about five times a later pass). The number of workers follows the load:
 
 Busy time is what the worker measured itself for each job (reads, engine, views): a 4,096-rank
 job weighs what it costs, not one job's worth; a job that has not been analysed for
-`RECENT_PASSES` passes (finished, or idle) weighs nothing. Pure bookkeeping, tested on its own.
+`RECENT_PASSES` passes (finished, idle, or failing every time) weighs nothing. Pure
+bookkeeping, tested on its own.
 """
 
 from __future__ import annotations
@@ -69,11 +70,13 @@ class WorkerShares:
         self.moved: set[JobKey] = set()  # moved to another worker, not analysed there yet
 
     def slot(self, job: JobKey) -> int:
-        """The job's worker slot; a job seen for the first time goes to the least loaded."""
+        """The job's worker slot; a job seen for the first time goes to the least loaded. A job
+        counts as run when placed: one whose analyses all fail ages out like an idle one."""
         slot = self.owner.get(job)
         if slot is None:
             loads = self.loads()
             slot = self.owner[job] = loads.index(min(loads))
+            self.last_ran.setdefault(job, self.passes)
         return slot
 
     def ran(self, job: JobKey, slot: int, seconds: float) -> None:
@@ -101,9 +104,10 @@ class WorkerShares:
         return ran is None or ran >= self.passes - RECENT_PASSES
 
     def forget(self, kept: set[JobKey]) -> None:
-        """Only the job attempts in `kept` are still stored."""
-        for job in set(self.owner) - kept:
-            del self.owner[job]
+        """Only the job attempts in `kept` are still stored (a given-back worker's jobs, unplaced
+        until they run again, included)."""
+        for job in (set(self.owner) | set(self.cost) | set(self.last_ran) | self.moved) - kept:
+            self.owner.pop(job, None)
             self.cost.pop(job, None)
             self.last_ran.pop(job, None)
             self.moved.discard(job)

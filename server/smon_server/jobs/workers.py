@@ -64,15 +64,21 @@ def _exit_with(parent: int) -> None:
 
 
 def _analyze(
-    job_id: str, attempt: int, now: float, window: StepWindow | None = None
+    job_id: str, attempt: int, now: float, window: StepWindow | None = None, cache_share: int | None = None
 ) -> tuple[int, float, dict[str, Any] | None]:
     """(this worker's pid, the seconds the analysis took here, the job attempt's analysis or None
     when it is gone). `window`: a step range asked for through the API (jobs/windows.py),
-    analysed on its own, not the pass's."""
+    analysed on its own, not the pass's. `cache_share`: the bytes this worker's window cache
+    may keep now (it shrinks while the spare worker takes its share: jobs/worker_shares.py)."""
     from smon_server.jobs.analysis import analyze_job
+    from smon_server.jobs.window_cache import process_cache
     from smon_server.store.models import Job
 
     started = time.perf_counter()
+    if cache_share is not None:
+        cache = process_cache(_state["settings"])
+        if cache is not None:
+            cache.max_bytes = cache_share  # what is over it is let go at the next put
     db = _state["db"]
     with db.session() as session:
         job = session.get(Job, (job_id, attempt))
@@ -123,34 +129,37 @@ class AnalysisWorkers:
         """Worker processes analysing the small jobs now (the spare counted while taken)."""
         return self.shares.active
 
-    def _slot(self, job: JobKey, big: bool) -> int:
+    def _slot(self, job: JobKey, big: bool) -> tuple[int, ProcessPoolExecutor]:
+        """The job's worker slot and its pool, chosen together: a pass running beside another
+        (the demo's) never starts a pool for a slot the other just gave back."""
         with self._lock:
-            return self.slots if big else self.shares.slot(job)
+            slot = self.slots if big else self.shares.slot(job)
+            return slot, self._executor(slot)
 
     def _executor(self, slot: int) -> ProcessPoolExecutor:
-        with self._lock:
-            pool = self._pools[slot]
-            if pool is None:  # started on first use: a server that never analyses pays nothing
-                pool = self._pools[slot] = ProcessPoolExecutor(
-                    1,
-                    mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_start,
-                    initargs=(
-                        self.settings,
-                        os.getpid(),
-                        slot == self.slots,
-                        logging.getLogger().getEffectiveLevel(),
-                    ),
-                )
-            return pool
+        """The slot's pool, started on first use (the caller holds the lock)."""
+        pool = self._pools[slot]
+        if pool is None:  # started on first use: a server that never analyses pays nothing
+            pool = self._pools[slot] = ProcessPoolExecutor(
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start,
+                initargs=(
+                    self.settings,
+                    os.getpid(),
+                    slot == self.slots,
+                    logging.getLogger().getEffectiveLevel(),
+                ),
+            )
+        return pool
 
     def analyze(self, job_id: str, attempt: int, now: float, *, big: bool = False) -> dict[str, Any] | None:
         """The job attempt's analysis, in its worker (`big`: a job of BIG_JOB_RANKS or more)."""
         key = (job_id, attempt)
-        slot = self._slot(key, big)
-        pool = self._executor(slot)
+        slot, pool = self._slot(key, big)
+        share = None if big else self._cache_share()
         try:
-            pid, seconds, result = pool.submit(_analyze, job_id, attempt, now).result()
+            pid, seconds, result = pool.submit(_analyze, job_id, attempt, now, None, share).result()
         except BrokenProcessPool:
             log.error("an analysis worker died while analysing job %s; restarting it", job_id)
             with self._lock:
@@ -163,6 +172,16 @@ class AnalysisWorkers:
             with self._lock:
                 self.shares.ran(key, slot, seconds)
         return result
+
+    def _cache_share(self) -> int | None:
+        """Bytes each small jobs' worker may keep now: the default third of memory over the
+        workers analysing (the spare's share comes out of the others'); None when
+        SMON_ANALYSIS_CACHE_MB sets it per process."""
+        from smon_server.jobs.window_cache import cache_bytes
+
+        if self.settings.analysis_cache_mb is not None:
+            return None
+        return cache_bytes(self.settings, workers=self.active)
 
     def adapt(self, interval: float, *, spare_ok: bool = True) -> Change:
         """After a pass: take or give back the spare worker (`spare_ok`: whether its core is free
