@@ -12,9 +12,9 @@ about five times a later pass). The number of workers follows the load:
   a replica short of both says so (its lag and ingest alerts); given back at once when ingest
   needs the core, and once the passes' work would have fit on one worker fewer within
   `SHRINK_AT` of the interval for `QUIET_PASSES` passes in a row (the gap between the two
-  thresholds, and the count, keep it from coming and going). It runs at the server's priority: at nice +10 it got
-  so little of its core beside the server and PostgreSQL that the 500-job pass took as long as
-  with one worker (docs/storage.md).
+  thresholds, and the count, keep it from coming and going). It runs at the server's priority:
+  at nice +10 it got so little of its core beside the server and PostgreSQL that the 500-job
+  pass took as long as with one worker (docs/storage.md).
 - **Jobs move** only to even out the workers' busy time while it matters (a worker busier than
   `SHRINK_AT` of the interval, the least busy more than `BALANCED` below it), from the busiest
   worker to the least busy, and only as many a pass as their cold passes fit in `MOVE_BUDGET`
