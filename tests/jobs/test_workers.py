@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from smon_server.context import ServerContext
 from smon_server.jobs import analysis as job_analysis
-from smon_server.jobs import processes, worker_shares
+from smon_server.jobs import processes, window_cache, worker_shares
 from smon_server.jobs import workers as workers_module
 from smon_server.jobs.loop import analysis_pass
 from smon_server.store import migrate
@@ -253,3 +253,27 @@ def _alive(pid: int) -> bool:
         return False
     # A zombie is gone for this purpose: its memory is freed.
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_the_window_cache_is_split_by_the_load_each_worker_holds(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the spare is taken, the small jobs' default third of memory is split over the
+    workers by the load of their jobs (a floor of a quarter of an even split): together they keep
+    what one worker kept. SMON_ANALYSIS_CACHE_MB is per process and left alone."""
+    monkeypatch.setattr(processes.os, "cpu_count", lambda: 2)
+    settings = server_settings(database_url, analysis_workers=None)
+    workers = workers_module.AnalysisWorkers(settings, 1, 1)  # no process started: none is asked for
+    third = window_cache.cache_bytes(settings)
+    assert workers._cache_share(0) == third
+    shares = workers.shares
+    for i in range(100):
+        shares.ran((f"a{i}", 1), shares.slot((f"a{i}", 1)), 0.1)
+    shares.active = 2
+    for i in range(10):
+        shares.owner[(f"a{i}", 1)] = 1  # a tenth moved to the spare
+    workers._split = None
+    assert workers._cache_share(0) == pytest.approx(0.9 * third, rel=1e-6)
+    assert workers._cache_share(1) == pytest.approx(0.125 * third, rel=1e-6)  # the floor: 1/8
+    per_process = workers_module.AnalysisWorkers(settings.model_copy(update={"analysis_cache_mb": 300}), 1, 1)
+    assert per_process._cache_share(0) is None

@@ -195,20 +195,20 @@ def process_cache(settings: Settings) -> WindowCache | None:
     return _cache
 
 
-def cache_bytes(settings: Settings, *, big_jobs: bool = False, workers: int | None = None) -> int:
+def cache_bytes(settings: Settings, *, big_jobs: bool = False) -> int:
     """SMON_ANALYSIS_CACHE_MB, or: a third of physical memory over the workers of the small
     jobs, and an eighth for the worker of the big jobs (started only when there is one). A
     64-rank × 500-step window keeps about 13 MB with its engine state (the table 11 MB with the
     room its columns keep to grow, the engine's layout 2 MB), so 500 such jobs on one worker need
     ~6.5 GB: a quarter of this 23.5 GB machine (5.9 GB) left ~45 of them out, rebuilt cold
     every pass: the later pass over the 500 took 30.3 s, with a third 21.2 s (docs/storage.md). A
-    4,096-rank window keeps about 0.75 GB. `workers`: the small jobs' workers analysing now
-    (default `default_processes`): while the spare worker is taken (jobs/worker_shares.py) the
-    third is split over one more, so the workers together keep no more than before."""
+    4,096-rank window keeps about 0.75 GB. While the spare worker is taken (jobs/worker_shares.py)
+    the small jobs' third is split by the load each worker holds (jobs/workers.py), so the
+    workers together keep about what they kept before."""
     if settings.analysis_cache_mb is not None:
         return settings.analysis_cache_mb * 1024 * 1024
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         memory = 8 << 30
-    return memory // 8 if big_jobs else memory // 3 // max(1, workers or default_processes(settings))
+    return memory // 8 if big_jobs else memory // 3 // max(1, default_processes(settings))

@@ -114,6 +114,7 @@ class AnalysisWorkers:
         self.shares = WorkerShares(processes, spare)
         self.pids: set[int] = set()  # workers that returned a result (tests read it)
         self.last_change = Change()  # what the last pass's `adapt` decided (tests, benchmarks)
+        self._split: list[float] | None = None  # each active slot's part of the cache, this pass
         # Slots 0..slots-1 for jobs below BIG_JOB_RANKS (the spare ones last), slot `slots` for
         # the big ones.
         self.slots = self.shares.slots
@@ -157,7 +158,7 @@ class AnalysisWorkers:
         """The job attempt's analysis, in its worker (`big`: a job of BIG_JOB_RANKS or more)."""
         key = (job_id, attempt)
         slot, pool = self._slot(key, big)
-        share = None if big else self._cache_share()
+        share = None if big else self._cache_share(slot)
         try:
             pid, seconds, result = pool.submit(_analyze, job_id, attempt, now, None, share).result()
         except BrokenProcessPool:
@@ -173,15 +174,25 @@ class AnalysisWorkers:
                 self.shares.ran(key, slot, seconds)
         return result
 
-    def _cache_share(self) -> int | None:
-        """Bytes each small jobs' worker may keep now: the default third of memory over the
-        workers analysing (the spare's share comes out of the others'); None when
+    def _cache_share(self, slot: int) -> int | None:
+        """Bytes the slot's worker may keep now: its part of the small jobs' default third of
+        memory (`cache_bytes` times the base workers), by the load of the jobs it holds, at least
+        a quarter of an even split. A spare taking its share leaves the others less, and a worker
+        still holding most jobs while they move keeps room for them. None when
         SMON_ANALYSIS_CACHE_MB sets it per process."""
         from smon_server.jobs.window_cache import cache_bytes
 
         if self.settings.analysis_cache_mb is not None:
             return None
-        return cache_bytes(self.settings, workers=self.active)
+        with self._lock:
+            if self._split is None:  # once a pass (adapt resets it): loads() walks every job
+                loads = self.shares.loads()
+                whole = sum(loads)
+                self._split = [x / whole if whole > 0 else 1 / len(loads) for x in loads]
+            split = self._split
+        part = split[slot] if slot < len(split) else 1 / len(split)
+        total = cache_bytes(self.settings) * self.shares.base
+        return int(total * max(part, 1 / (4 * len(split))))
 
     def adapt(self, interval: float, *, spare_ok: bool = True) -> Change:
         """After a pass: take or give back the spare worker (`spare_ok`: whether its core is free
@@ -189,6 +200,7 @@ class AnalysisWorkers:
         of jobs that left it are dropped, a given-back worker's process ends."""
         with self._lock:
             change = self.last_change = self.shares.adapt(interval, spare_ok=spare_ok)
+            self._split = None
             retired = self._pools[change.retired] if change.retired is not None else None
             if change.retired is not None:
                 self._pools[change.retired] = None
