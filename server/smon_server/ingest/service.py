@@ -264,10 +264,15 @@ class IngestService:
         those it takes (SMON_INGEST_BATCHES_PER_SECOND): 1 once it asks agents to flush less
         often; 0 when unlimited. The analysis takes its spare worker only while this is low
         (jobs/worker_shares.py)."""
+        return min(1.0, self._demand())
+
+    def _demand(self) -> float:
+        """Batches a second the open streams would send at a 1 s flush, over those this replica
+        takes (a relayed rank at `RELAYED_PART_COST`); 0 when unlimited."""
         if self.batches_per_second <= 0:
             return 0.0
         parts = RELAYED_PART_COST * self._host_parts
-        return min(1.0, (self.streams - self.host_streams + parts) / self.batches_per_second)
+        return (self.streams - self.host_streams + parts) / self.batches_per_second
 
     def flush_seconds(self) -> float:
         """The flush interval to ask agents for: open streams over the batches a second this
@@ -277,10 +282,7 @@ class IngestService:
         replica sized for N direct ranks takes about 2N relayed ones at the same interval, and
         asks N relayed ones to flush twice as often, so their steps reach the analysis sooner
         (docs/server.md)."""
-        if self.batches_per_second <= 0:
-            return 0.0
-        parts = RELAYED_PART_COST * self._host_parts
-        wanted = (self.streams - self.host_streams + parts) / self.batches_per_second
+        wanted = self._demand()
         return 0.0 if wanted <= 1.0 else min(MAX_FLUSH_SECONDS, round(wanted, 1))
 
     def _overload_seconds(self, waited: float) -> float:

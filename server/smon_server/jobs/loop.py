@@ -191,8 +191,8 @@ def analysis_pass(context: LoopContext, now: float) -> int:
         # A spare worker taken while passes near the interval and ingest leaves its core idle,
         # given back once they keep up or ingest needs it; jobs moved to even the workers out
         # (jobs/worker_shares.py).
-        taken = workers.active > workers.shares.base
-        limit = SPARE_INGEST_KEEP if taken else SPARE_INGEST_LOAD  # a gap: a load near one does not swing it
+        # A gap between taking and keeping: a load near one threshold does not swing it.
+        limit = SPARE_INGEST_KEEP if workers.spare_taken else SPARE_INGEST_LOAD
         workers.adapt(context.settings.analysis_interval, spare_ok=context.ingest_load() <= limit)
         stats.workers.set(workers.active)
     try:

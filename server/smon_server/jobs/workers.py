@@ -130,6 +130,10 @@ class AnalysisWorkers:
         """Worker processes analysing the small jobs now (the spare counted while taken)."""
         return self.shares.active
 
+    @property
+    def spare_taken(self) -> bool:
+        return self.shares.active > self.shares.base
+
     def _slot(self, job: JobKey, big: bool) -> tuple[int, ProcessPoolExecutor]:
         """The job's worker slot and its pool, chosen together: a pass running beside another
         (the demo's) never starts a pool for a slot the other just gave back."""
